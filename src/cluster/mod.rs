@@ -1,0 +1,198 @@
+//! Cluster membership and replica choice, compatible with the reference.
+//!
+//! - A node's hash is MurmurHash3_x86_32 of its `"ip:port"` (seed 0); on a
+//!   collision with an earlier node the hash is decremented until unique.
+//! - A timer's replicas rank every node by MurmurHash3_x86_32 of the timer's
+//!   8-byte little-endian unique ID, seeded with the node's hash: the lowest
+//!   is the primary, then the backups from the highest down.
+//! - A node's bloom filter sets bit `h % 64` for each of the six 64-bit halves
+//!   of MurmurHash3_x86_128 of its address under seeds 0, 1 and 2. A timer's
+//!   filter is the OR of its replicas' filters; the cluster view ID is the OR
+//!   over every node of the (new) cluster, written in decimal.
+
+pub mod murmur;
+
+use murmur::{murmur3_x86_128, murmur3_x86_32};
+use std::net::SocketAddr;
+
+/// The largest cluster this build accepts (replica lists are small arrays).
+pub const NODES_MAX: usize = 64;
+
+/// One member of the cluster.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// `"ip:port"`, exactly as configured: hashes are taken over this string.
+    pub address: String,
+    pub socket: SocketAddr,
+    pub hash: u32,
+    pub bloom: u64,
+}
+
+/// The bloom filter of one address.
+pub fn address_bloom(address: &str) -> u64 {
+    let mut bloom = 0u64;
+    for seed in 0..3 {
+        for half in murmur3_x86_128(address.as_bytes(), seed) {
+            bloom |= 1 << (half % 64);
+        }
+    }
+    bloom
+}
+
+/// The membership this node works with: the new cluster (`node` plus
+/// `joining`), and the nodes that are leaving.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    /// Members of the new cluster, in configuration order.
+    pub nodes: Vec<Node>,
+    /// Nodes being removed (still reachable, not chosen as replicas).
+    pub leaving: Vec<Node>,
+    /// Index of this node in `nodes`, if it is a member of the new cluster.
+    pub local: Option<usize>,
+    /// This node's own address.
+    pub local_address: String,
+    /// OR of the new cluster's bloom filters.
+    pub view_id: u64,
+}
+
+impl Cluster {
+    /// Build the membership. Addresses must be `ip:port` and unique.
+    pub fn new(local: &str, nodes: &[String], leaving: &[String]) -> Result<Cluster, String> {
+        if nodes.is_empty() {
+            return Err("cluster has no nodes".into());
+        }
+        if nodes.len() + leaving.len() > NODES_MAX {
+            return Err(format!("cluster has more than {NODES_MAX} nodes"));
+        }
+        let mut seen_hashes: Vec<u32> = Vec::new();
+        let mut build = |addr: &String| -> Result<Node, String> {
+            let socket: SocketAddr = addr
+                .parse()
+                .map_err(|_| format!("cluster address {addr:?} is not ip:port"))?;
+            let mut hash = murmur3_x86_32(addr.as_bytes(), 0);
+            while seen_hashes.contains(&hash) {
+                hash = hash.wrapping_sub(1);
+            }
+            seen_hashes.push(hash);
+            Ok(Node {
+                address: addr.clone(),
+                socket,
+                hash,
+                bloom: address_bloom(addr),
+            })
+        };
+        let mut all: Vec<&String> = Vec::new();
+        for addr in nodes.iter().chain(leaving) {
+            if all.contains(&addr) {
+                return Err(format!("cluster address {addr:?} is listed twice"));
+            }
+            all.push(addr);
+        }
+        let nodes: Vec<Node> = nodes.iter().map(&mut build).collect::<Result<_, _>>()?;
+        let leaving: Vec<Node> = leaving.iter().map(&mut build).collect::<Result<_, _>>()?;
+        let view_id = nodes.iter().fold(0, |acc, n| acc | n.bloom);
+        let local_index = nodes.iter().position(|n| n.address == local);
+        if local_index.is_none() && !leaving.iter().any(|n| n.address == local) {
+            return Err(format!(
+                "this node's address {local:?} is not in the cluster's node, joining or leaving lists"
+            ));
+        }
+        Ok(Cluster {
+            nodes,
+            leaving,
+            local: local_index,
+            local_address: local.to_string(),
+            view_id,
+        })
+    }
+
+    /// The single-node cluster of `address`.
+    pub fn single(address: &str) -> Result<Cluster, String> {
+        Cluster::new(address, &[address.to_string()], &[])
+    }
+
+    /// The cluster view ID as the reference writes it (decimal).
+    pub fn view_id_string(&self) -> String {
+        self.view_id.to_string()
+    }
+
+    /// Replica indices (into `nodes`) for a unique ID: primary first.
+    /// `factor` is capped at the cluster size; writes into `out`, returns the count.
+    pub fn replicas_into(&self, unique_id: u64, factor: usize, out: &mut [usize; NODES_MAX]) -> usize {
+        let n = self.nodes.len();
+        let factor = factor.clamp(1, n);
+        let key = unique_id.to_le_bytes();
+        let mut ranked = [(0u32, 0usize); NODES_MAX];
+        for (i, node) in self.nodes.iter().enumerate() {
+            ranked[i] = (murmur3_x86_32(&key, node.hash), i);
+        }
+        let ranked = &mut ranked[..n];
+        ranked.sort_unstable();
+        out[0] = ranked[0].1;
+        for k in 1..factor {
+            out[k] = ranked[n - k].1;
+        }
+        factor
+    }
+
+    /// Replica indices as a vector (convenience for tests and cold paths).
+    pub fn replicas(&self, unique_id: u64, factor: usize) -> Vec<usize> {
+        let mut out = [0usize; NODES_MAX];
+        let count = self.replicas_into(unique_id, factor, &mut out);
+        out[..count].to_vec()
+    }
+
+    /// The bloom filter of a replica set.
+    pub fn bloom_of(&self, replicas: &[usize]) -> u64 {
+        replicas.iter().fold(0, |acc, &i| acc | self.nodes[i].bloom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn three() -> Cluster {
+        let nodes: Vec<String> = ["10.0.0.1:7253", "10.0.0.2:7253", "10.0.0.3:7253"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        Cluster::new("10.0.0.1:7253", &nodes, &[]).unwrap()
+    }
+
+    fn addrs(c: &Cluster, replicas: Vec<usize>) -> Vec<&str> {
+        replicas.into_iter().map(|i| c.nodes[i].address.as_str()).collect()
+    }
+
+    #[test]
+    fn design_vectors() {
+        let c = three();
+        assert_eq!(c.view_id_string(), "90691053180028962");
+        let table: &[(u64, usize, &[&str])] = &[
+            (0, 2, &["10.0.0.1:7253", "10.0.0.3:7253"]),
+            (1, 2, &["10.0.0.3:7253", "10.0.0.2:7253"]),
+            (0x1_0000_0009, 2, &["10.0.0.2:7253", "10.0.0.3:7253"]),
+            (0x1234_1234_1234_1234, 2, &["10.0.0.3:7253", "10.0.0.2:7253"]),
+            (0, 3, &["10.0.0.1:7253", "10.0.0.3:7253", "10.0.0.2:7253"]),
+            (0, 9, &["10.0.0.1:7253", "10.0.0.3:7253", "10.0.0.2:7253"]),
+        ];
+        for &(id, factor, want) in table {
+            assert_eq!(addrs(&c, c.replicas(id, factor)), want, "id {id:#x} factor {factor}");
+        }
+    }
+
+    #[test]
+    fn single_node_view_id() {
+        let c = Cluster::single("127.0.0.1:7253").unwrap();
+        assert_eq!(c.view_id_string(), "288231544393302080");
+        assert_eq!(c.replicas(42, 2), vec![0]);
+        assert_eq!(c.bloom_of(&[0]), c.view_id);
+    }
+
+    #[test]
+    fn rejects_bad_membership() {
+        assert!(Cluster::new("1.2.3.4:1", &["nonsense".into()], &[]).is_err());
+        assert!(Cluster::new("1.2.3.4:1", &["1.2.3.5:1".into()], &[]).is_err());
+        assert!(Cluster::new("1.2.3.4:1", &["1.2.3.4:1".into(), "1.2.3.4:1".into()], &[]).is_err());
+    }
+}
