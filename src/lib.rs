@@ -1,2 +1,4 @@
 pub mod cluster;
+pub mod config;
+pub mod timer;
 pub mod wheel;

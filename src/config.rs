@@ -1,0 +1,397 @@
+//! Configuration: a TOML file with the reference's key names, overridden by
+//! environment variables, overridden by command-line flags. Everything is
+//! validated here, before anything binds; an invalid config is an error
+//! message and a non-zero exit.
+//!
+//! ```toml
+//! [http]
+//! bind-address = "127.0.0.1"
+//! bind-port = 7253
+//! [runtime]
+//! cores = 2                  # default: every available core
+//! [cluster]
+//! localhost = "127.0.0.1:7253"
+//! node = ["127.0.0.1:7253", "127.0.0.2:7253"]
+//! joining = []
+//! leaving = []
+//! [timers]
+//! callback-timeout-ms = 2000
+//! ```
+
+use crate::cluster::Cluster;
+use serde::Deserialize;
+use std::net::IpAddr;
+
+/// `[http]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct HttpConfig {
+    pub bind_address: String,
+    pub bind_port: u16,
+    /// Open connections per shard; beyond it a new connection gets `503`.
+    pub connections_max: usize,
+    /// Largest request line plus headers; beyond it `431`.
+    pub header_bytes_max: usize,
+    /// Largest request body; beyond it `413`.
+    pub body_bytes_max: usize,
+    /// Idle keep-alive connections are closed after this long.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            bind_address: "127.0.0.1".into(),
+            bind_port: 7253,
+            connections_max: 8192,
+            header_bytes_max: 16 * 1024,
+            body_bytes_max: 256 * 1024,
+            idle_timeout_ms: 300_000,
+        }
+    }
+}
+
+/// `[runtime]`
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct RuntimeConfig {
+    /// Number of shards (pinned cores). `None`: every available core.
+    pub cores: Option<usize>,
+    /// Capacity of each cross-core channel, in messages.
+    pub mesh_channel_capacity: Option<usize>,
+}
+
+/// `[cluster]`
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ClusterConfig {
+    /// This node's `"ip:port"` in the lists below. Default: bind address and port.
+    pub localhost: Option<String>,
+    pub node: Vec<String>,
+    pub joining: Vec<String>,
+    pub leaving: Vec<String>,
+    /// Identity bits in timer IDs (0..=1023). Default: derived from `localhost`.
+    pub instance_id: Option<u16>,
+}
+
+/// `[timers]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct TimersConfig {
+    /// Total time a callback may take (connect, send, response).
+    pub callback_timeout_ms: u64,
+    /// Time to establish a callback connection (within the total).
+    pub callback_connect_timeout_ms: u64,
+    /// Callbacks in flight per shard; a pop beyond it counts as a failed callback.
+    pub callback_in_flight_max: usize,
+    /// Open connections per callback target (`host:port`) per shard.
+    pub callback_connections_per_host_max: usize,
+    /// How much later each backup replica pops than the one before it.
+    pub replica_skew_ms: u64,
+    /// Replication factor when a request does not give one.
+    pub default_replication_factor: u8,
+    /// Pending timers per shard; beyond it creation gets `503`.
+    pub timers_per_shard_max: usize,
+}
+
+impl Default for TimersConfig {
+    fn default() -> Self {
+        TimersConfig {
+            callback_timeout_ms: 2000,
+            callback_connect_timeout_ms: 500,
+            callback_in_flight_max: 4096,
+            callback_connections_per_host_max: 256,
+            replica_skew_ms: 2000,
+            default_replication_factor: 2,
+            timers_per_shard_max: 8_000_000,
+        }
+    }
+}
+
+/// `[log]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct LogConfig {
+    /// A `tracing` filter, e.g. `info` or `chronos=debug`. `RUST_LOG` wins.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { level: "info".into() }
+    }
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Config {
+    pub http: HttpConfig,
+    pub runtime: RuntimeConfig,
+    pub cluster: ClusterConfig,
+    pub timers: TimersConfig,
+    pub log: LogConfig,
+}
+
+/// What the command line asked for.
+#[derive(Debug, Default)]
+pub struct Cli {
+    pub config_path: Option<String>,
+    pub overrides: Vec<(String, String)>,
+    pub help: bool,
+    pub version: bool,
+}
+
+pub const USAGE: &str = "\
+usage: chronos [--config FILE.toml] [--bind-address IP] [--bind-port PORT]
+               [--cores N] [--localhost IP:PORT] [--log-level FILTER]
+       chronos --help | --version
+
+With no file, chronos runs the embedded default: a single node on
+127.0.0.1:7253, in memory, on every core.
+Environment: CHRONOS_CONFIG, CHRONOS_BIND_ADDRESS, CHRONOS_BIND_PORT,
+CHRONOS_CORES, CHRONOS_LOCALHOST, CHRONOS_LOG_LEVEL (flags win over env).";
+
+/// Flags that take a value, and the env variable for each.
+const OVERRIDES: &[(&str, &str)] = &[
+    ("--bind-address", "CHRONOS_BIND_ADDRESS"),
+    ("--bind-port", "CHRONOS_BIND_PORT"),
+    ("--cores", "CHRONOS_CORES"),
+    ("--localhost", "CHRONOS_LOCALHOST"),
+    ("--log-level", "CHRONOS_LOG_LEVEL"),
+];
+
+impl Cli {
+    /// Parse arguments (without the program name) and the environment.
+    pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Cli, String> {
+        let mut cli = Cli {
+            config_path: env("CHRONOS_CONFIG"),
+            ..Cli::default()
+        };
+        for (flag, var) in OVERRIDES {
+            if let Some(value) = env(var) {
+                cli.overrides.push((flag.to_string(), value));
+            }
+        }
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+                _ => (arg.as_str(), None),
+            };
+            match flag {
+                "-h" | "--help" => cli.help = true,
+                "-V" | "--version" => cli.version = true,
+                "-c" | "--config" => {
+                    cli.config_path = Some(take_value(flag, inline, &mut it)?);
+                }
+                _ if OVERRIDES.iter().any(|(f, _)| *f == flag) => {
+                    let value = take_value(flag, inline, &mut it)?;
+                    cli.overrides.push((flag.to_string(), value));
+                }
+                _ => return Err(format!("unknown argument {arg:?}\n{USAGE}")),
+            }
+        }
+        Ok(cli)
+    }
+}
+
+fn take_value(
+    flag: &str,
+    inline: Option<String>,
+    it: &mut std::slice::Iter<'_, String>,
+) -> Result<String, String> {
+    inline
+        .or_else(|| it.next().cloned())
+        .ok_or_else(|| format!("{flag} needs a value"))
+}
+
+/// Everything resolved and checked: what the engine runs with.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub config: Config,
+    pub shards: usize,
+    pub cluster: Cluster,
+    pub instance_id: u16,
+}
+
+impl Config {
+    /// Parse TOML text.
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| format!("invalid config: {e}"))
+    }
+
+    /// Load from the CLI's file (or the embedded default), apply overrides,
+    /// and validate.
+    pub fn load(cli: &Cli, available_cores: usize) -> Result<Resolved, String> {
+        let mut config = match &cli.config_path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read config file {path:?}: {e}"))?;
+                Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?
+            }
+            None => Config::default(),
+        };
+        for (flag, value) in &cli.overrides {
+            config.apply(flag, value)?;
+        }
+        config.resolve(available_cores)
+    }
+
+    fn apply(&mut self, flag: &str, value: &str) -> Result<(), String> {
+        let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
+        match flag {
+            "--bind-address" => self.http.bind_address = value.to_string(),
+            "--bind-port" => self.http.bind_port = value.parse().map_err(|_| bad("a port"))?,
+            "--cores" => self.runtime.cores = Some(value.parse().map_err(|_| bad("a number"))?),
+            "--localhost" => self.cluster.localhost = Some(value.to_string()),
+            "--log-level" => self.log.level = value.to_string(),
+            _ => return Err(format!("unknown override {flag}")),
+        }
+        Ok(())
+    }
+
+    /// Check every value and derive what the engine needs.
+    pub fn resolve(self, available_cores: usize) -> Result<Resolved, String> {
+        let ip: IpAddr = self.http.bind_address.parse().map_err(|_| {
+            format!(
+                "[http] bind-address {:?} is not an IP address",
+                self.http.bind_address
+            )
+        })?;
+        if self.http.bind_port == 0 {
+            return Err("[http] bind-port must be 1..65535".into());
+        }
+        let shards = self.runtime.cores.unwrap_or(available_cores);
+        if shards == 0 || shards > available_cores {
+            return Err(format!(
+                "[runtime] cores = {shards}: must be between 1 and the {available_cores} available cores"
+            ));
+        }
+        let h = &self.http;
+        if h.connections_max == 0 || h.header_bytes_max < 512 || h.body_bytes_max == 0 {
+            return Err("[http] connections-max and body-bytes-max must be positive, header-bytes-max at least 512".into());
+        }
+        let t = &self.timers;
+        if t.callback_timeout_ms == 0 || t.callback_connect_timeout_ms == 0 {
+            return Err("[timers] callback-timeout-ms and callback-connect-timeout-ms must be positive".into());
+        }
+        if t.callback_in_flight_max == 0 || t.callback_connections_per_host_max == 0 {
+            return Err("[timers] callback-in-flight-max and callback-connections-per-host-max must be positive".into());
+        }
+        if t.default_replication_factor == 0 || t.timers_per_shard_max == 0 {
+            return Err("[timers] default-replication-factor and timers-per-shard-max must be positive".into());
+        }
+        if t.timers_per_shard_max > crate::wheel::ENTRIES_MAX {
+            return Err(format!("[timers] timers-per-shard-max must be at most {}", crate::wheel::ENTRIES_MAX));
+        }
+        if let Some(cap) = self.runtime.mesh_channel_capacity {
+            if cap == 0 {
+                return Err("[runtime] mesh-channel-capacity must be positive".into());
+            }
+        }
+        let localhost = match &self.cluster.localhost {
+            Some(l) => l.clone(),
+            None if ip.is_unspecified() => {
+                return Err(
+                    "[cluster] localhost must be set when bind-address is unspecified (0.0.0.0 or ::)"
+                        .into(),
+                )
+            }
+            None => std::net::SocketAddr::new(ip, self.http.bind_port).to_string(),
+        };
+        let mut nodes: Vec<String> = if self.cluster.node.is_empty() {
+            vec![localhost.clone()]
+        } else {
+            self.cluster.node.clone()
+        };
+        nodes.extend(self.cluster.joining.iter().cloned());
+        let cluster = Cluster::new(&localhost, &nodes, &self.cluster.leaving)
+            .map_err(|e| format!("[cluster] {e}"))?;
+        let instance_id = match self.cluster.instance_id {
+            Some(id) if id > crate::timer::INSTANCE_ID_MAX => {
+                return Err(format!(
+                    "[cluster] instance-id must be at most {}",
+                    crate::timer::INSTANCE_ID_MAX
+                ))
+            }
+            Some(id) => id,
+            None => crate::timer::instance_id_for(&localhost),
+        };
+        Ok(Resolved {
+            config: self,
+            shards,
+            cluster,
+            instance_id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_is_single_node_on_7253() {
+        let r = Config::default().resolve(2).unwrap();
+        assert_eq!(r.shards, 2);
+        assert_eq!(r.cluster.local_address, "127.0.0.1:7253");
+        assert_eq!(r.cluster.nodes.len(), 1);
+        assert_eq!(r.config.timers.callback_timeout_ms, 2000);
+    }
+
+    #[test]
+    fn reference_key_names() {
+        let c = Config::from_toml(
+            r#"
+            [http]
+            bind-address = "127.0.0.2"
+            bind-port = 9000
+            [runtime]
+            cores = 1
+            [cluster]
+            localhost = "127.0.0.2:9000"
+            node = ["127.0.0.1:9000", "127.0.0.2:9000"]
+            joining = ["127.0.0.3:9000"]
+            leaving = []
+            [timers]
+            callback-timeout-ms = 500
+            "#,
+        )
+        .unwrap();
+        let r = c.resolve(2).unwrap();
+        assert_eq!(r.shards, 1);
+        assert_eq!(r.cluster.nodes.len(), 3);
+        assert_eq!(r.cluster.local, Some(1));
+        assert_eq!(r.config.timers.callback_timeout_ms, 500);
+    }
+
+    #[test]
+    fn invalid_configs_fail_clearly() {
+        let table = [
+            ("[http]\nbind-port = \"x\"", "bind-port"),
+            ("[http]\nbogus = 1", "bogus"),
+            ("[runtime]\ncores = 0", "cores"),
+            ("[runtime]\ncores = 99", "cores"),
+            ("[http]\nbind-address = \"nope\"", "bind-address"),
+            ("[cluster]\nnode = [\"10.0.0.9:1\"]", "not in the cluster"),
+            ("[timers]\ncallback-timeout-ms = 0", "callback-timeout-ms"),
+        ];
+        for (text, needle) in table {
+            let err = Config::from_toml(text)
+                .and_then(|c| c.resolve(2))
+                .expect_err(text);
+            assert!(err.contains(needle), "{text:?} gave {err:?}");
+        }
+    }
+
+    #[test]
+    fn flags_override_env_override_file() {
+        let args: Vec<String> = ["--bind-port", "8001", "--cores=1"].iter().map(|s| s.to_string()).collect();
+        let cli = Cli::parse(&args, |k| (k == "CHRONOS_BIND_PORT").then(|| "8000".to_string())).unwrap();
+        let r = Config::load(&cli, 2).unwrap();
+        assert_eq!(r.config.http.bind_port, 8001);
+        assert_eq!(r.shards, 1);
+        assert!(Cli::parse(&["--what".to_string()], |_| None).is_err());
+    }
+}

@@ -1,0 +1,415 @@
+//! The timer JSON of seed 000: parsing and validation.
+//!
+//! Parsing borrows from the request body (strings are copied only when they
+//! contain escapes). Every rejection carries a reason for the `400` body.
+
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::fmt;
+
+/// The longest callback URI accepted.
+pub const URI_BYTES_MAX: usize = 8 * 1024;
+/// Tags per timer.
+pub const TAGS_MAX: usize = 32;
+/// Replicas named in a replication body.
+pub const REPLICAS_MAX: usize = crate::cluster::NODES_MAX;
+
+/// A validated timer definition, public or internal (replication) form.
+#[derive(Debug, PartialEq)]
+pub struct TimerSpec<'a> {
+    pub interval_ms: u32,
+    pub repeat_for_ms: u32,
+    /// Empty for a tombstone (replication form only).
+    pub uri: Cow<'a, str>,
+    pub opaque: Cow<'a, str>,
+    pub replication_factor: Option<u8>,
+    pub tags: Vec<(Cow<'a, str>, u32)>,
+    /// Present when the body carries `reliability.replicas`: a message from
+    /// another node, applied locally and never forwarded again.
+    pub replication: Option<Replication<'a>>,
+}
+
+/// The internal-API fields of a replication `PUT`.
+#[derive(Debug, PartialEq)]
+pub struct Replication<'a> {
+    pub start_time_delta_ms: i64,
+    pub sequence_number: u32,
+    pub cluster_view_id: Option<Cow<'a, str>>,
+    pub replicas: Vec<Cow<'a, str>>,
+    pub sites: Vec<Cow<'a, str>>,
+}
+
+impl TimerSpec<'_> {
+    /// A tombstone: a replication body with an empty callback.
+    pub fn is_tombstone(&self) -> bool {
+        self.uri.is_empty()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "a JSON object")]
+struct RawTimer<'a> {
+    timing: Option<RawTiming>,
+    #[serde(borrow)]
+    callback: Option<RawCallback<'a>>,
+    #[serde(borrow)]
+    reliability: Option<RawReliability<'a>>,
+    #[serde(borrow)]
+    statistics: Option<RawStatistics<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "an object")]
+struct RawTiming {
+    interval: Option<serde_json::Number>,
+    #[serde(rename = "repeat-for")]
+    repeat_for: Option<serde_json::Number>,
+    #[serde(rename = "start-time-delta")]
+    start_time_delta: Option<i64>,
+    #[serde(rename = "sequence-number")]
+    sequence_number: Option<u32>,
+}
+
+/// `callback`: one key naming the mechanism. Only `http` is supported; an
+/// empty object is a tombstone's callback.
+struct RawCallback<'a> {
+    http: Option<RawHttp<'a>>,
+    other: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "an object with uri and opaque")]
+struct RawHttp<'a> {
+    #[serde(borrow)]
+    uri: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    opaque: Option<Cow<'a, str>>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawCallback<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = RawCallback<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object such as {\"http\": {...}}")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut out = RawCallback { http: None, other: None };
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    if key == "http" {
+                        out.http = Some(map.next_value()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                        out.other.get_or_insert_with(|| key.into_owned());
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "an object")]
+struct RawReliability<'a> {
+    #[serde(rename = "replication-factor")]
+    replication_factor: Option<serde_json::Number>,
+    #[serde(rename = "cluster-view-id", borrow)]
+    cluster_view_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    replicas: Option<Vec<Cow<'a, str>>>,
+    #[serde(borrow)]
+    sites: Option<Vec<Cow<'a, str>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "an object")]
+struct RawStatistics<'a> {
+    #[serde(rename = "tag-info", borrow)]
+    tag_info: Option<Vec<RawTag<'a>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "an object with type and count")]
+struct RawTag<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    count: Option<serde_json::Number>,
+}
+
+/// Seconds (integer or fractional) to whole milliseconds, never rounding a
+/// value down below what was asked.
+fn seconds_to_ms(field: &str, n: &serde_json::Number) -> Result<u32, String> {
+    if let Some(u) = n.as_u64() {
+        return u
+            .checked_mul(1000)
+            .and_then(|ms| u32::try_from(ms).ok())
+            .ok_or_else(|| format!("{field} is too large (at most {} s)", u32::MAX / 1000));
+    }
+    let secs = n
+        .as_f64()
+        .ok_or_else(|| format!("{field} must be a number of seconds"))?;
+    if secs < 0.0 {
+        return Err(format!("{field} must not be negative"));
+    }
+    let ms = secs * 1000.0;
+    let nearest = ms.round();
+    // Millisecond resolution: 0.1 s is 100 ms despite binary floating point;
+    // anything finer rounds up, so a pop is never earlier than asked.
+    let ms = if (ms - nearest).abs() < 1e-6 { nearest } else { ms.ceil() };
+    if ms > u32::MAX as f64 {
+        return Err(format!("{field} is too large (at most {} s)", u32::MAX / 1000));
+    }
+    Ok(ms as u32)
+}
+
+/// Parse and validate a timer body.
+pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
+    // serde would also accept a struct written as an array; the API wants an object.
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        None => return Err("invalid JSON body: the body is empty; expected a JSON object".into()),
+        Some(_) => return Err("invalid JSON body: expected a JSON object".into()),
+    }
+    let raw: RawTimer = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    let timing = raw.timing.ok_or("missing timing object")?;
+    let interval = timing.interval.as_ref().ok_or("missing timing.interval")?;
+    let interval_ms = seconds_to_ms("timing.interval", interval)?;
+    let repeat_for_ms = match &timing.repeat_for {
+        Some(n) => seconds_to_ms("timing.repeat-for", n)?,
+        None => interval_ms,
+    };
+    if interval_ms == 0 && repeat_for_ms > 0 {
+        return Err("timing.interval must be positive for a repeating timer".into());
+    }
+
+    let replication = match &raw.reliability {
+        Some(RawReliability {
+            replicas: Some(replicas),
+            cluster_view_id,
+            sites,
+            ..
+        }) => {
+            if replicas.is_empty() || replicas.len() > REPLICAS_MAX {
+                return Err(format!("reliability.replicas must list 1 to {REPLICAS_MAX} nodes"));
+            }
+            Some(Replication {
+                start_time_delta_ms: timing.start_time_delta.unwrap_or(0),
+                sequence_number: timing.sequence_number.unwrap_or(0),
+                cluster_view_id: cluster_view_id.clone(),
+                replicas: replicas.clone(),
+                sites: sites.clone().unwrap_or_default(),
+            })
+        }
+        _ => None,
+    };
+
+    let callback = raw.callback.ok_or("missing callback object")?;
+    let (uri, opaque) = match (callback.http, callback.other) {
+        (Some(http), _) => {
+            let uri = http.uri.ok_or("missing callback.http.uri")?;
+            (uri, http.opaque.unwrap_or(Cow::Borrowed("")))
+        }
+        (None, Some(other)) => {
+            return Err(format!(
+                "unsupported callback type {other:?}: only \"http\" callbacks are supported"
+            ))
+        }
+        (None, None) if replication.is_some() => (Cow::Borrowed(""), Cow::Borrowed("")),
+        (None, None) => return Err("callback must contain an \"http\" object".into()),
+    };
+    if uri.is_empty() {
+        if replication.is_none() {
+            return Err("callback.http.uri must not be empty".into());
+        }
+    } else {
+        validate_uri(&uri)?;
+    }
+
+    let replication_factor = match raw.reliability.as_ref().and_then(|r| r.replication_factor.as_ref()) {
+        None => None,
+        Some(n) => match n.as_u64() {
+            Some(f) if f >= 1 => Some(f.min(crate::cluster::NODES_MAX as u64) as u8),
+            _ => return Err("reliability.replication-factor must be a positive integer".into()),
+        },
+    };
+
+    let mut tags = Vec::new();
+    if let Some(stats) = raw.statistics {
+        let list = stats.tag_info.unwrap_or_default();
+        if list.len() > TAGS_MAX {
+            return Err(format!("statistics.tag-info has more than {TAGS_MAX} tags"));
+        }
+        for tag in list {
+            let kind = tag.kind.ok_or("statistics.tag-info entry is missing its type")?;
+            if kind.is_empty() || kind.len() > 256 {
+                return Err("statistics.tag-info type must be 1 to 256 characters".into());
+            }
+            let count = match tag.count {
+                None => 1,
+                Some(n) => match n.as_u64() {
+                    Some(c) if c >= 1 && c <= u32::MAX as u64 => c as u32,
+                    _ => {
+                        return Err(format!(
+                            "statistics.tag-info count for {kind:?} must be a positive integer"
+                        ))
+                    }
+                },
+            };
+            tags.push((kind, count));
+        }
+    }
+
+    Ok(TimerSpec {
+        interval_ms,
+        repeat_for_ms,
+        uri,
+        opaque,
+        replication_factor,
+        tags,
+        replication,
+    })
+}
+
+/// The parts of an `http://` callback URI.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CallbackTarget<'a> {
+    /// Host as written (an IP literal, a bracketed IPv6 literal, or a name).
+    pub host: &'a str,
+    pub port: u16,
+    /// Path and query, at least `/`.
+    pub path: &'a str,
+    /// `host[:port]` for the `Host` header.
+    pub authority: &'a str,
+}
+
+/// Split an `http://host[:port][/path]` URI.
+pub fn parse_uri(uri: &str) -> Result<CallbackTarget<'_>, String> {
+    let rest = uri
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &uri[7..])
+        .ok_or_else(|| format!("callback.http.uri {uri:?} must be an http:// URI"))?;
+    let split = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(split);
+    let path = if path.is_empty() { "/" } else { path };
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let end = v6.find(']').ok_or_else(|| format!("callback.http.uri {uri:?} has a bad IPv6 host"))?;
+        let port = &v6[end + 1..];
+        (&authority[..end + 2], port.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() || authority.contains('@') {
+        return Err(format!("callback.http.uri {uri:?} has no usable host"));
+    }
+    let port = match port {
+        None => 80,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("callback.http.uri {uri:?} has a bad port"))?,
+    };
+    if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(format!("callback.http.uri {uri:?} contains spaces or control characters"));
+    }
+    Ok(CallbackTarget {
+        host,
+        port,
+        path,
+        authority,
+    })
+}
+
+fn validate_uri(uri: &str) -> Result<(), String> {
+    if uri.len() > URI_BYTES_MAX {
+        return Err(format!("callback.http.uri is longer than {URI_BYTES_MAX} bytes"));
+    }
+    parse_uri(uri).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"{"timing":{"interval":10},"callback":{"http":{"uri":"http://127.0.0.1:9/cb","opaque":"x"}}}"#;
+
+    #[test]
+    fn minimal_timer() {
+        let s = parse(OK.as_bytes()).unwrap();
+        assert_eq!((s.interval_ms, s.repeat_for_ms), (10_000, 10_000));
+        assert_eq!(s.uri, "http://127.0.0.1:9/cb");
+        assert_eq!(s.opaque, "x");
+        assert!(s.replication.is_none());
+    }
+
+    #[test]
+    fn fractional_seconds_have_ms_resolution() {
+        let table = [("0.1", 100), ("1.5", 1500), ("0.001", 1), ("0.0015", 2), ("2.999", 2999), ("0", 0)];
+        for (text, ms) in table {
+            let body = format!(r#"{{"timing":{{"interval":{text},"repeat-for":{text}}},"callback":{{"http":{{"uri":"http://a/"}}}}}}"#);
+            assert_eq!(parse(body.as_bytes()).unwrap().interval_ms, ms, "{text}");
+        }
+    }
+
+    #[test]
+    fn rejections_carry_reasons() {
+        let table: &[(&str, &str)] = &[
+            ("not json", "invalid JSON"),
+            ("[1,2]", "JSON object"),
+            ("{}", "missing timing"),
+            (r#"{"timing":{}}"#, "missing timing.interval"),
+            (r#"{"timing":{"interval":-1},"callback":{"http":{"uri":"http://a/"}}}"#, "negative"),
+            (r#"{"timing":{"interval":"10"},"callback":{"http":{"uri":"http://a/"}}}"#, "invalid"),
+            (r#"{"timing":{"interval":1}}"#, "missing callback"),
+            (r#"{"timing":{"interval":1},"callback":{"sip":{}}}"#, "only \"http\""),
+            (r#"{"timing":{"interval":1},"callback":{"http":{"opaque":"x"}}}"#, "missing callback.http.uri"),
+            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"ftp://x/"}}}"#, "http://"),
+            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":5}"#, "object"),
+            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":{"replication-factor":0}}"#, "replication-factor"),
+            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":0}]}}"#, "positive integer"),
+            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":1.5}]}}"#, "positive integer"),
+            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":-2}]}}"#, "positive integer"),
+            (r#"{"timing":{"interval":0,"repeat-for":5},"callback":{"http":{"uri":"http://a/"}}}"#, "positive"),
+        ];
+        for (body, needle) in table {
+            let err = parse(body.as_bytes()).expect_err(body);
+            assert!(err.contains(needle), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn tags_and_replication() {
+        let body = r#"{"timing":{"interval":1,"repeat-for":3,"start-time-delta":-250,"sequence-number":2},
+            "callback":{"http":{"uri":"http://h:81/p?q=1","opaque":"o"}},
+            "reliability":{"cluster-view-id":"12","replicas":["10.0.0.1:7253","10.0.0.2:7253"]},
+            "statistics":{"tag-info":[{"type":"CALL"},{"type":"SUB","count":3}]}}"#;
+        let s = parse(body.as_bytes()).unwrap();
+        assert_eq!(s.tags, vec![(Cow::Borrowed("CALL"), 1), (Cow::Borrowed("SUB"), 3)]);
+        let r = s.replication.unwrap();
+        assert_eq!((r.start_time_delta_ms, r.sequence_number), (-250, 2));
+        assert_eq!(r.replicas.len(), 2);
+        let tomb = r#"{"timing":{"interval":1},"callback":{},"reliability":{"replicas":["a:1"]}}"#;
+        assert!(parse(tomb.as_bytes()).unwrap().is_tombstone());
+    }
+
+    #[test]
+    fn uri_parts() {
+        let t = parse_uri("http://127.0.0.1:8080/cb?x=1").unwrap();
+        assert_eq!((t.host, t.port, t.path, t.authority), ("127.0.0.1", 8080, "/cb?x=1", "127.0.0.1:8080"));
+        let t = parse_uri("HTTP://example.com").unwrap();
+        assert_eq!((t.host, t.port, t.path), ("example.com", 80, "/"));
+        let t = parse_uri("http://[::1]:9/a").unwrap();
+        assert_eq!((t.host, t.port), ("[::1]", 9));
+        for bad in ["http://", "http://h:0/", "http://h:x/", "https://h/", "http://h/a b"] {
+            assert!(parse_uri(bad).is_err(), "{bad}");
+        }
+    }
+}
