@@ -118,7 +118,9 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { level: "info".into() }
+        LogConfig {
+            level: "info".into(),
+        }
     }
 }
 
@@ -274,16 +276,25 @@ impl Config {
         }
         let t = &self.timers;
         if t.callback_timeout_ms == 0 || t.callback_connect_timeout_ms == 0 {
-            return Err("[timers] callback-timeout-ms and callback-connect-timeout-ms must be positive".into());
+            return Err(
+                "[timers] callback-timeout-ms and callback-connect-timeout-ms must be positive"
+                    .into(),
+            );
         }
         if t.callback_in_flight_max == 0 || t.callback_connections_per_host_max == 0 {
             return Err("[timers] callback-in-flight-max and callback-connections-per-host-max must be positive".into());
         }
         if t.default_replication_factor == 0 || t.timers_per_shard_max == 0 {
-            return Err("[timers] default-replication-factor and timers-per-shard-max must be positive".into());
+            return Err(
+                "[timers] default-replication-factor and timers-per-shard-max must be positive"
+                    .into(),
+            );
         }
         if t.timers_per_shard_max > crate::wheel::ENTRIES_MAX {
-            return Err(format!("[timers] timers-per-shard-max must be at most {}", crate::wheel::ENTRIES_MAX));
+            return Err(format!(
+                "[timers] timers-per-shard-max must be at most {}",
+                crate::wheel::ENTRIES_MAX
+            ));
         }
         if let Some(cap) = self.runtime.mesh_channel_capacity {
             if cap == 0 {
@@ -292,12 +303,10 @@ impl Config {
         }
         let localhost = match &self.cluster.localhost {
             Some(l) => l.clone(),
-            None if ip.is_unspecified() => {
-                return Err(
-                    "[cluster] localhost must be set when bind-address is unspecified (0.0.0.0 or ::)"
-                        .into(),
-                )
-            }
+            None if ip.is_unspecified() => return Err(
+                "[cluster] localhost must be set when bind-address is unspecified (0.0.0.0 or ::)"
+                    .into(),
+            ),
             None => std::net::SocketAddr::new(ip, self.http.bind_port).to_string(),
         };
         let mut nodes: Vec<String> = if self.cluster.node.is_empty() {
@@ -387,8 +396,14 @@ mod tests {
 
     #[test]
     fn flags_override_env_override_file() {
-        let args: Vec<String> = ["--bind-port", "8001", "--cores=1"].iter().map(|s| s.to_string()).collect();
-        let cli = Cli::parse(&args, |k| (k == "CHRONOS_BIND_PORT").then(|| "8000".to_string())).unwrap();
+        let args: Vec<String> = ["--bind-port", "8001", "--cores=1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let cli = Cli::parse(&args, |k| {
+            (k == "CHRONOS_BIND_PORT").then(|| "8000".to_string())
+        })
+        .unwrap();
         let r = Config::load(&cli, 2).unwrap();
         assert_eq!(r.config.http.bind_port, 8001);
         assert_eq!(r.shards, 1);

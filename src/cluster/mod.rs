@@ -118,7 +118,12 @@ impl Cluster {
 
     /// Replica indices (into `nodes`) for a unique ID: primary first.
     /// `factor` is capped at the cluster size; writes into `out`, returns the count.
-    pub fn replicas_into(&self, unique_id: u64, factor: usize, out: &mut [usize; NODES_MAX]) -> usize {
+    pub fn replicas_into(
+        &self,
+        unique_id: u64,
+        factor: usize,
+        out: &mut [usize; NODES_MAX],
+    ) -> usize {
         let n = self.nodes.len();
         let factor = factor.clamp(1, n);
         let key = unique_id.to_le_bytes();
@@ -161,7 +166,10 @@ mod tests {
     }
 
     fn addrs(c: &Cluster, replicas: Vec<usize>) -> Vec<&str> {
-        replicas.into_iter().map(|i| c.nodes[i].address.as_str()).collect()
+        replicas
+            .into_iter()
+            .map(|i| c.nodes[i].address.as_str())
+            .collect()
     }
 
     #[test]
@@ -172,12 +180,20 @@ mod tests {
             (0, 2, &["10.0.0.1:7253", "10.0.0.3:7253"]),
             (1, 2, &["10.0.0.3:7253", "10.0.0.2:7253"]),
             (0x1_0000_0009, 2, &["10.0.0.2:7253", "10.0.0.3:7253"]),
-            (0x1234_1234_1234_1234, 2, &["10.0.0.3:7253", "10.0.0.2:7253"]),
+            (
+                0x1234_1234_1234_1234,
+                2,
+                &["10.0.0.3:7253", "10.0.0.2:7253"],
+            ),
             (0, 3, &["10.0.0.1:7253", "10.0.0.3:7253", "10.0.0.2:7253"]),
             (0, 9, &["10.0.0.1:7253", "10.0.0.3:7253", "10.0.0.2:7253"]),
         ];
         for &(id, factor, want) in table {
-            assert_eq!(addrs(&c, c.replicas(id, factor)), want, "id {id:#x} factor {factor}");
+            assert_eq!(
+                addrs(&c, c.replicas(id, factor)),
+                want,
+                "id {id:#x} factor {factor}"
+            );
         }
     }
 

@@ -126,7 +126,9 @@ impl IdGenerator {
                 self.ms += 1;
                 self.seq = 0;
             }
-            let id = (self.ms << (SEQ_BITS + INSTANCE_BITS)) | (self.instance << SEQ_BITS) | self.seq as u64;
+            let id = (self.ms << (SEQ_BITS + INSTANCE_BITS))
+                | (self.instance << SEQ_BITS)
+                | self.seq as u64;
             self.seq += 1;
             if shard_of(id, self.shards) == self.shard {
                 return id;
@@ -143,11 +145,21 @@ mod tests {
 
     #[test]
     fn hex_round_trip() {
-        let id = TimerId { unique: 0x0123_4567_89ab_cdef, bloom: 0xfedc_ba98_7654_3210 };
+        let id = TimerId {
+            unique: 0x0123_4567_89ab_cdef,
+            bloom: 0xfedc_ba98_7654_3210,
+        };
         assert_eq!(&id.to_hex(), b"0123456789abcdeffedcba9876543210");
         assert_eq!(TimerId::parse(&id.to_hex()), Some(id));
-        assert_eq!(TimerId::parse(b"0123456789ABCDEFFEDCBA9876543210"), Some(id));
-        for bad in [&b"0123"[..], b"0123456789abcdeffedcba987654321g", b"0123456789abcdeffedcba98765432100"] {
+        assert_eq!(
+            TimerId::parse(b"0123456789ABCDEFFEDCBA9876543210"),
+            Some(id)
+        );
+        for bad in [
+            &b"0123"[..],
+            b"0123456789abcdeffedcba987654321g",
+            b"0123456789abcdeffedcba98765432100",
+        ] {
             assert_eq!(TimerId::parse(bad), None);
         }
     }
@@ -155,7 +167,9 @@ mod tests {
     #[test]
     fn shards_never_collide_and_own_their_ids() {
         let shards = 3;
-        let mut gens: Vec<IdGenerator> = (0..shards).map(|s| IdGenerator::new(7, s, shards)).collect();
+        let mut gens: Vec<IdGenerator> = (0..shards)
+            .map(|s| IdGenerator::new(7, s, shards))
+            .collect();
         let mut seen = HashSet::new();
         let now = ID_EPOCH_UNIX_MS + 1_000_000;
         // 30,000 IDs in the same millisecond: more than one ms of sequence space.

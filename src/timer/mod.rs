@@ -126,7 +126,10 @@ mod tests {
             (0, 0, 0, &[0]),
         ];
         for &(interval, repeat_for, replica, want) in table {
-            let id = TimerId { unique: 1, bloom: 0 };
+            let id = TimerId {
+                unique: 1,
+                bloom: 0,
+            };
             let mut t = Timer::new(id, 0, interval, repeat_for, 0, replica, 2, "http://a/", "o");
             let mut got = Vec::new();
             while t.has_next_pop() {

@@ -45,6 +45,28 @@ impl TimerSpec<'_> {
     pub fn is_tombstone(&self) -> bool {
         self.uri.is_empty()
     }
+
+    /// A copy that owns its strings, to cross to another core.
+    pub fn into_owned(self) -> TimerSpec<'static> {
+        fn own(c: Cow<'_, str>) -> Cow<'static, str> {
+            Cow::Owned(c.into_owned())
+        }
+        TimerSpec {
+            interval_ms: self.interval_ms,
+            repeat_for_ms: self.repeat_for_ms,
+            uri: own(self.uri),
+            opaque: own(self.opaque),
+            replication_factor: self.replication_factor,
+            tags: self.tags.into_iter().map(|(t, c)| (own(t), c)).collect(),
+            replication: self.replication.map(|r| Replication {
+                start_time_delta_ms: r.start_time_delta_ms,
+                sequence_number: r.sequence_number,
+                cluster_view_id: r.cluster_view_id.map(own),
+                replicas: r.replicas.into_iter().map(own).collect(),
+                sites: r.sites.into_iter().map(own).collect(),
+            }),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -96,7 +118,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawCallback<'a> {
                 f.write_str("an object such as {\"http\": {...}}")
             }
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-                let mut out = RawCallback { http: None, other: None };
+                let mut out = RawCallback {
+                    http: None,
+                    other: None,
+                };
                 while let Some(key) = map.next_key::<Cow<'de, str>>()? {
                     if key == "http" {
                         out.http = Some(map.next_value()?);
@@ -159,9 +184,16 @@ fn seconds_to_ms(field: &str, n: &serde_json::Number) -> Result<u32, String> {
     let nearest = ms.round();
     // Millisecond resolution: 0.1 s is 100 ms despite binary floating point;
     // anything finer rounds up, so a pop is never earlier than asked.
-    let ms = if (ms - nearest).abs() < 1e-6 { nearest } else { ms.ceil() };
+    let ms = if (ms - nearest).abs() < 1e-6 {
+        nearest
+    } else {
+        ms.ceil()
+    };
     if ms > u32::MAX as f64 {
-        return Err(format!("{field} is too large (at most {} s)", u32::MAX / 1000));
+        return Err(format!(
+            "{field} is too large (at most {} s)",
+            u32::MAX / 1000
+        ));
     }
     Ok(ms as u32)
 }
@@ -174,7 +206,8 @@ pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
         None => return Err("invalid JSON body: the body is empty; expected a JSON object".into()),
         Some(_) => return Err("invalid JSON body: expected a JSON object".into()),
     }
-    let raw: RawTimer = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    let raw: RawTimer =
+        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
     let timing = raw.timing.ok_or("missing timing object")?;
     let interval = timing.interval.as_ref().ok_or("missing timing.interval")?;
     let interval_ms = seconds_to_ms("timing.interval", interval)?;
@@ -194,7 +227,9 @@ pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
             ..
         }) => {
             if replicas.is_empty() || replicas.len() > REPLICAS_MAX {
-                return Err(format!("reliability.replicas must list 1 to {REPLICAS_MAX} nodes"));
+                return Err(format!(
+                    "reliability.replicas must list 1 to {REPLICAS_MAX} nodes"
+                ));
             }
             Some(Replication {
                 start_time_delta_ms: timing.start_time_delta.unwrap_or(0),
@@ -229,7 +264,11 @@ pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
         validate_uri(&uri)?;
     }
 
-    let replication_factor = match raw.reliability.as_ref().and_then(|r| r.replication_factor.as_ref()) {
+    let replication_factor = match raw
+        .reliability
+        .as_ref()
+        .and_then(|r| r.replication_factor.as_ref())
+    {
         None => None,
         Some(n) => match n.as_u64() {
             Some(f) if f >= 1 => Some(f.min(crate::cluster::NODES_MAX as u64) as u8),
@@ -244,7 +283,9 @@ pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
             return Err(format!("statistics.tag-info has more than {TAGS_MAX} tags"));
         }
         for tag in list {
-            let kind = tag.kind.ok_or("statistics.tag-info entry is missing its type")?;
+            let kind = tag
+                .kind
+                .ok_or("statistics.tag-info entry is missing its type")?;
             if kind.is_empty() || kind.len() > 256 {
                 return Err("statistics.tag-info type must be 1 to 256 characters".into());
             }
@@ -297,7 +338,9 @@ pub fn parse_uri(uri: &str) -> Result<CallbackTarget<'_>, String> {
     let (authority, path) = rest.split_at(split);
     let path = if path.is_empty() { "/" } else { path };
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let end = v6.find(']').ok_or_else(|| format!("callback.http.uri {uri:?} has a bad IPv6 host"))?;
+        let end = v6
+            .find(']')
+            .ok_or_else(|| format!("callback.http.uri {uri:?} has a bad IPv6 host"))?;
         let port = &v6[end + 1..];
         (&authority[..end + 2], port.strip_prefix(':'))
     } else {
@@ -318,7 +361,9 @@ pub fn parse_uri(uri: &str) -> Result<CallbackTarget<'_>, String> {
             .ok_or_else(|| format!("callback.http.uri {uri:?} has a bad port"))?,
     };
     if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
-        return Err(format!("callback.http.uri {uri:?} contains spaces or control characters"));
+        return Err(format!(
+            "callback.http.uri {uri:?} contains spaces or control characters"
+        ));
     }
     Ok(CallbackTarget {
         host,
@@ -330,7 +375,9 @@ pub fn parse_uri(uri: &str) -> Result<CallbackTarget<'_>, String> {
 
 fn validate_uri(uri: &str) -> Result<(), String> {
     if uri.len() > URI_BYTES_MAX {
-        return Err(format!("callback.http.uri is longer than {URI_BYTES_MAX} bytes"));
+        return Err(format!(
+            "callback.http.uri is longer than {URI_BYTES_MAX} bytes"
+        ));
     }
     parse_uri(uri).map(|_| ())
 }
@@ -352,9 +399,18 @@ mod tests {
 
     #[test]
     fn fractional_seconds_have_ms_resolution() {
-        let table = [("0.1", 100), ("1.5", 1500), ("0.001", 1), ("0.0015", 2), ("2.999", 2999), ("0", 0)];
+        let table = [
+            ("0.1", 100),
+            ("1.5", 1500),
+            ("0.001", 1),
+            ("0.0015", 2),
+            ("2.999", 2999),
+            ("0", 0),
+        ];
         for (text, ms) in table {
-            let body = format!(r#"{{"timing":{{"interval":{text},"repeat-for":{text}}},"callback":{{"http":{{"uri":"http://a/"}}}}}}"#);
+            let body = format!(
+                r#"{{"timing":{{"interval":{text},"repeat-for":{text}}},"callback":{{"http":{{"uri":"http://a/"}}}}}}"#
+            );
             assert_eq!(parse(body.as_bytes()).unwrap().interval_ms, ms, "{text}");
         }
     }
@@ -366,18 +422,51 @@ mod tests {
             ("[1,2]", "JSON object"),
             ("{}", "missing timing"),
             (r#"{"timing":{}}"#, "missing timing.interval"),
-            (r#"{"timing":{"interval":-1},"callback":{"http":{"uri":"http://a/"}}}"#, "negative"),
-            (r#"{"timing":{"interval":"10"},"callback":{"http":{"uri":"http://a/"}}}"#, "invalid"),
+            (
+                r#"{"timing":{"interval":-1},"callback":{"http":{"uri":"http://a/"}}}"#,
+                "negative",
+            ),
+            (
+                r#"{"timing":{"interval":"10"},"callback":{"http":{"uri":"http://a/"}}}"#,
+                "invalid",
+            ),
             (r#"{"timing":{"interval":1}}"#, "missing callback"),
-            (r#"{"timing":{"interval":1},"callback":{"sip":{}}}"#, "only \"http\""),
-            (r#"{"timing":{"interval":1},"callback":{"http":{"opaque":"x"}}}"#, "missing callback.http.uri"),
-            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"ftp://x/"}}}"#, "http://"),
-            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":5}"#, "object"),
-            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":{"replication-factor":0}}"#, "replication-factor"),
-            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":0}]}}"#, "positive integer"),
-            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":1.5}]}}"#, "positive integer"),
-            (r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":-2}]}}"#, "positive integer"),
-            (r#"{"timing":{"interval":0,"repeat-for":5},"callback":{"http":{"uri":"http://a/"}}}"#, "positive"),
+            (
+                r#"{"timing":{"interval":1},"callback":{"sip":{}}}"#,
+                "only \"http\"",
+            ),
+            (
+                r#"{"timing":{"interval":1},"callback":{"http":{"opaque":"x"}}}"#,
+                "missing callback.http.uri",
+            ),
+            (
+                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"ftp://x/"}}}"#,
+                "http://",
+            ),
+            (
+                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":5}"#,
+                "object",
+            ),
+            (
+                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":{"replication-factor":0}}"#,
+                "replication-factor",
+            ),
+            (
+                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":0}]}}"#,
+                "positive integer",
+            ),
+            (
+                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":1.5}]}}"#,
+                "positive integer",
+            ),
+            (
+                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":-2}]}}"#,
+                "positive integer",
+            ),
+            (
+                r#"{"timing":{"interval":0,"repeat-for":5},"callback":{"http":{"uri":"http://a/"}}}"#,
+                "positive",
+            ),
         ];
         for (body, needle) in table {
             let err = parse(body.as_bytes()).expect_err(body);
@@ -392,7 +481,10 @@ mod tests {
             "reliability":{"cluster-view-id":"12","replicas":["10.0.0.1:7253","10.0.0.2:7253"]},
             "statistics":{"tag-info":[{"type":"CALL"},{"type":"SUB","count":3}]}}"#;
         let s = parse(body.as_bytes()).unwrap();
-        assert_eq!(s.tags, vec![(Cow::Borrowed("CALL"), 1), (Cow::Borrowed("SUB"), 3)]);
+        assert_eq!(
+            s.tags,
+            vec![(Cow::Borrowed("CALL"), 1), (Cow::Borrowed("SUB"), 3)]
+        );
         let r = s.replication.unwrap();
         assert_eq!((r.start_time_delta_ms, r.sequence_number), (-250, 2));
         assert_eq!(r.replicas.len(), 2);
@@ -403,12 +495,21 @@ mod tests {
     #[test]
     fn uri_parts() {
         let t = parse_uri("http://127.0.0.1:8080/cb?x=1").unwrap();
-        assert_eq!((t.host, t.port, t.path, t.authority), ("127.0.0.1", 8080, "/cb?x=1", "127.0.0.1:8080"));
+        assert_eq!(
+            (t.host, t.port, t.path, t.authority),
+            ("127.0.0.1", 8080, "/cb?x=1", "127.0.0.1:8080")
+        );
         let t = parse_uri("HTTP://example.com").unwrap();
         assert_eq!((t.host, t.port, t.path), ("example.com", 80, "/"));
         let t = parse_uri("http://[::1]:9/a").unwrap();
         assert_eq!((t.host, t.port), ("[::1]", 9));
-        for bad in ["http://", "http://h:0/", "http://h:x/", "https://h/", "http://h/a b"] {
+        for bad in [
+            "http://",
+            "http://h:0/",
+            "http://h:x/",
+            "https://h/",
+            "http://h/a b",
+        ] {
             assert!(parse_uri(bad).is_err(), "{bad}");
         }
     }

@@ -30,7 +30,11 @@ fn level_table() {
         (SPAN_MS - 1, SPAN_MS, LEVELS),
     ];
     for &(elapsed, when, level) in table {
-        assert_eq!(level_for(elapsed, when), level, "elapsed={elapsed} when={when}");
+        assert_eq!(
+            level_for(elapsed, when),
+            level,
+            "elapsed={elapsed} when={when}"
+        );
     }
 }
 
@@ -43,10 +47,26 @@ fn pops_table() {
         expect: &'static [&'static [u64]],
     }
     let cases = [
-        Case { dues: &[5], polls: &[4, 5], expect: &[&[], &[5]] },
-        Case { dues: &[0], polls: &[0], expect: &[&[0]] },
-        Case { dues: &[64, 65], polls: &[63, 64, 65], expect: &[&[], &[64], &[65]] },
-        Case { dues: &[4096, 100], polls: &[4095, 10_000], expect: &[&[100], &[4096]] },
+        Case {
+            dues: &[5],
+            polls: &[4, 5],
+            expect: &[&[], &[5]],
+        },
+        Case {
+            dues: &[0],
+            polls: &[0],
+            expect: &[&[0]],
+        },
+        Case {
+            dues: &[64, 65],
+            polls: &[63, 64, 65],
+            expect: &[&[], &[64], &[65]],
+        },
+        Case {
+            dues: &[4096, 100],
+            polls: &[4095, 10_000],
+            expect: &[&[100], &[4096]],
+        },
         Case {
             dues: &[1 << 30, (1 << 30) + 1],
             polls: &[(1 << 30) - 1, 1 << 30, 1 << 31],
@@ -71,7 +91,10 @@ fn pops_table() {
             wheel.insert(due, due);
         }
         for (poll, expect) in case.polls.iter().zip(case.expect) {
-            let got: Vec<u64> = drain(&mut wheel, *poll).into_iter().map(|(d, _)| d).collect();
+            let got: Vec<u64> = drain(&mut wheel, *poll)
+                .into_iter()
+                .map(|(d, _)| d)
+                .collect();
             assert_eq!(&got, expect, "case {n} poll {poll}");
         }
     }
@@ -86,7 +109,11 @@ fn cancel_and_stale_keys() {
     assert_eq!(wheel.cancel(a), None, "double cancel");
     let c = wheel.insert(20, 3u64); // reuses a's slot
     assert_eq!(c.index(), a.index());
-    assert_eq!(wheel.cancel(a), None, "stale key must not cancel the new entry");
+    assert_eq!(
+        wheel.cancel(a),
+        None,
+        "stale key must not cancel the new entry"
+    );
     assert_eq!(drain(&mut wheel, 30), vec![(10, 2), (20, 3)]);
     assert_eq!(wheel.cancel(b), None, "fired key is stale");
     assert!(wheel.is_empty());
@@ -131,7 +158,11 @@ fn earliest_from_is_ordered() {
     for due in [500u64, 10, 300, 20, 7000, 300] {
         wheel.insert(due, due);
     }
-    let got: Vec<u64> = wheel.earliest_from(20, 4).into_iter().map(|(_, d)| d).collect();
+    let got: Vec<u64> = wheel
+        .earliest_from(20, 4)
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
     assert_eq!(got, vec![20, 300, 300, 500]);
 }
 

@@ -1,0 +1,323 @@
+//! HTTP/1.1 on `httparse`: request framing for the server, response writing,
+//! and the client used for callbacks (`client`).
+//!
+//! Framing rules: `Content-Length` bodies only (a chunked request body gets
+//! `411`), the header block is bounded (`431`), the body is bounded (`413`),
+//! anything unparsable is `400`. After a framing error the connection is
+//! closed, because the next request's start can no longer be found.
+
+pub mod client;
+pub mod server;
+
+use std::io::Write;
+
+/// Headers per request (more is `431`).
+pub const HEADERS_MAX: usize = 48;
+
+/// Request methods the API knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Post,
+    Put,
+    Delete,
+    Other,
+}
+
+impl Method {
+    fn from_bytes(m: &str) -> Method {
+        match m {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "POST" => Method::Post,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            _ => Method::Other,
+        }
+    }
+}
+
+/// One complete request, borrowing the connection's read buffer.
+#[derive(Debug)]
+pub struct Request<'b> {
+    pub method: Method,
+    /// Path without the query string.
+    pub path: &'b str,
+    /// Query string (after `?`), possibly empty.
+    pub query: &'b str,
+    pub body: &'b [u8],
+    /// The client wants the connection kept open.
+    pub keep_alive: bool,
+    /// The `Range` header, if any (resync paging).
+    pub range: Option<&'b [u8]>,
+}
+
+/// A request that cannot be framed: answered, then the connection closes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct FramingError {
+    pub status: u16,
+    pub reason: &'static str,
+}
+
+/// What the buffer holds.
+#[derive(Debug)]
+pub enum Parsed<'b> {
+    /// A request and the bytes it used.
+    Complete(Request<'b>, usize),
+    /// More bytes needed. `expect_continue` is set once the head is complete,
+    /// the body is not, and the client sent `Expect: 100-continue`.
+    Partial {
+        expect_continue: bool,
+    },
+    Error(FramingError),
+}
+
+const fn err(status: u16, reason: &'static str) -> Parsed<'static> {
+    Parsed::Error(FramingError { status, reason })
+}
+
+/// Frame the first request in `buf`.
+pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize) -> Parsed<'_> {
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() > header_bytes_max {
+                return err(431, "request header fields too large");
+            }
+            return Parsed::Partial {
+                expect_continue: false,
+            };
+        }
+        Err(httparse::Error::TooManyHeaders) => return err(431, "too many request header fields"),
+        Err(_) => return err(400, "malformed HTTP request"),
+    };
+    if head_len > header_bytes_max {
+        return err(431, "request header fields too large");
+    }
+    let version = req.version.unwrap_or(1);
+    let mut keep_alive = version >= 1;
+    let mut content_length: Option<usize> = None;
+    let mut expect_continue = false;
+    let mut range = None;
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            let Some(n) = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+            else {
+                return err(400, "invalid Content-Length");
+            };
+            if content_length.is_some_and(|c| c != n) {
+                return err(400, "conflicting Content-Length headers");
+            }
+            content_length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            return err(
+                411,
+                "chunked request bodies are not supported: send Content-Length",
+            );
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    keep_alive = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case("expect") {
+            if h.value.eq_ignore_ascii_case(b"100-continue") {
+                expect_continue = true;
+            } else {
+                return err(417, "unsupported Expect header");
+            }
+        } else if name.eq_ignore_ascii_case("range") {
+            range = Some(h.value);
+        }
+    }
+    let body_len = content_length.unwrap_or(0);
+    if body_len > body_bytes_max {
+        return err(413, "request body too large");
+    }
+    if buf.len() - head_len < body_len {
+        return Parsed::Partial { expect_continue };
+    }
+    let target = req.path.unwrap_or("/");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    Parsed::Complete(
+        Request {
+            method: Method::from_bytes(req.method.unwrap_or("")),
+            path,
+            query,
+            body: &buf[head_len..head_len + body_len],
+            keep_alive,
+            range,
+        },
+        head_len + body_len,
+    )
+}
+
+/// The reason phrase of a status code.
+pub fn status_text(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        202 => "Accepted",
+        204 => "No Content",
+        206 => "Partial Content",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        417 => "Expectation Failed",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Unknown",
+    }
+}
+
+/// Append a response to `out`. `headers` are extra `(name, value)` pairs.
+pub fn write_response(
+    out: &mut Vec<u8>,
+    status: u16,
+    headers: &[(&str, &[u8])],
+    body: &[u8],
+    close: bool,
+) {
+    // Writes into a Vec cannot fail.
+    let _ = write!(out, "HTTP/1.1 {} {}\r\n", status, status_text(status));
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !body.is_empty()
+        && !headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+    {
+        out.extend_from_slice(b"Content-Type: text/plain; charset=utf-8\r\n");
+    }
+    let _ = write!(out, "Content-Length: {}\r\n", body.len());
+    if close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(buf: &[u8]) -> Parsed<'_> {
+        parse_request(buf, 1024, 64)
+    }
+
+    #[test]
+    fn complete_and_pipelined() {
+        let buf =
+            b"POST /timers?x=1 HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}GET /ping HTTP/1.1\r\n\r\n";
+        let Parsed::Complete(r, n) = parse(buf) else {
+            panic!()
+        };
+        assert_eq!(
+            (r.method, r.path, r.query, r.body),
+            (Method::Post, "/timers", "x=1", &b"{}"[..])
+        );
+        assert!(r.keep_alive);
+        let Parsed::Complete(r, m) = parse(&buf[n..]) else {
+            panic!()
+        };
+        assert_eq!((r.method, r.path), (Method::Get, "/ping"));
+        assert_eq!(n + m, buf.len());
+    }
+
+    #[test]
+    fn framing_table() {
+        let table: &[(&[u8], Option<u16>)] = &[
+            (b"GET /ping HTTP/1.1\r\n", None),
+            (b"POST /t HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", None),
+            (b"GARBAGE\r\n\r\n", Some(400)),
+            (b"\x00\x01\x02 / HTTP/1.1\r\n\r\n", Some(400)),
+            (b"POST /t HTTP/1.1\r\nContent-Length: x\r\n\r\n", Some(400)),
+            (
+                b"POST /t HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                Some(400),
+            ),
+            (
+                b"POST /t HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Some(411),
+            ),
+            (b"POST /t HTTP/1.1\r\nContent-Length: 65\r\n\r\n", Some(413)),
+            (b"POST /t HTTP/1.1\r\nExpect: bogus\r\n\r\n", Some(417)),
+        ];
+        for (buf, want) in table {
+            let got = match parse(buf) {
+                Parsed::Error(e) => Some(e.status),
+                Parsed::Partial { .. } => None,
+                Parsed::Complete(..) => Some(200),
+            };
+            assert_eq!(got, *want, "{:?}", String::from_utf8_lossy(buf));
+        }
+    }
+
+    #[test]
+    fn header_limits() {
+        let mut big = b"GET / HTTP/1.1\r\nX-A: ".to_vec();
+        big.resize(2000, b'a');
+        assert!(matches!(
+            parse(&big),
+            Parsed::Error(FramingError { status: 431, .. })
+        ));
+        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..(HEADERS_MAX + 1) {
+            many.extend_from_slice(format!("X-{i}: 1\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        let r = parse_request(&many, 1 << 20, 64);
+        assert!(matches!(r, Parsed::Error(FramingError { status: 431, .. })));
+    }
+
+    #[test]
+    fn keep_alive_and_continue() {
+        let Parsed::Complete(r, _) = parse(b"GET / HTTP/1.0\r\n\r\n") else {
+            panic!()
+        };
+        assert!(!r.keep_alive);
+        let Parsed::Complete(r, _) = parse(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n") else {
+            panic!()
+        };
+        assert!(!r.keep_alive);
+        let p = parse(b"PUT /t HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n");
+        assert!(matches!(
+            p,
+            Parsed::Partial {
+                expect_continue: true
+            }
+        ));
+    }
+
+    #[test]
+    fn response_bytes() {
+        let mut out = Vec::new();
+        write_response(
+            &mut out,
+            405,
+            &[("Allow", b"POST")],
+            b"method not allowed",
+            true,
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 405 Method Not Allowed\r\nAllow: POST\r\n"));
+        assert!(text.contains("Content-Length: 18\r\nConnection: close\r\n\r\nmethod not allowed"));
+    }
+}
