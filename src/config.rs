@@ -100,7 +100,7 @@ impl Default for TimersConfig {
             callback_timeout_ms: 2000,
             callback_connect_timeout_ms: 500,
             callback_in_flight_max: 4096,
-            callback_connections_per_host_max: 256,
+            callback_connections_per_host_max: 64,
             replica_skew_ms: 2000,
             default_replication_factor: 2,
             timers_per_shard_max: 8_000_000,

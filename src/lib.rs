@@ -15,6 +15,8 @@
 //! - [`stats`]: per-shard counters and the Prometheus rendering.
 //! - [`config`]: the TOML file, flags and environment.
 
+#![deny(clippy::await_holding_refcell_ref)]
+
 pub mod api;
 pub mod cluster;
 pub mod config;

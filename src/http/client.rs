@@ -145,7 +145,10 @@ impl Client {
             // on a fresh connection when nothing at all came back.
             let mut attempt = 0;
             let result = loop {
-                let (mut stream, reused) = match pool.idle.borrow_mut().pop() {
+                // Take the idle connection before awaiting anything: no
+                // RefCell borrow may live across an await.
+                let idle = pool.idle.borrow_mut().pop();
+                let (mut stream, reused) = match idle {
                     Some(s) => (s, true),
                     None => (self.connect(addr, deadline).await?, false),
                 };

@@ -21,7 +21,7 @@ pub fn now_ms() -> u64 {
 pub fn now_ms_ceil() -> u64 {
     let e = base().elapsed();
     let ms = e.as_millis() as u64;
-    if e.subsec_nanos() % 1_000_000 == 0 {
+    if e.subsec_nanos().is_multiple_of(1_000_000) {
         ms
     } else {
         ms + 1

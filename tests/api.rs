@@ -1,0 +1,306 @@
+//! The public API and the HTTP layer, against the real binary over loopback.
+
+mod common;
+use common::*;
+use std::collections::HashSet;
+use std::io::{BufReader, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+const CFG: &str = "[runtime]\ncores = 2\n";
+
+#[test]
+fn ping_and_unknown_routes() {
+    let node = Node::start(CFG);
+    let r = node.request("GET", "/ping", "");
+    assert_eq!((r.status, r.text().as_str()), (200, "OK"));
+    assert_eq!(node.request("GET", "/nothing", "").status, 404);
+    let r = node.request("DELETE", "/ping", "");
+    assert_eq!(r.status, 405);
+    assert!(r.header("Allow").unwrap().contains("GET"));
+}
+
+#[test]
+fn post_returns_unique_ids_in_location() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let mut ids = HashSet::new();
+    for i in 0..200 {
+        let id = node.create(&timer_body("300", None, &sink.uri("/x"), &format!("o{i}")));
+        assert!(ids.insert(id), "IDs are unique");
+    }
+}
+
+#[test]
+fn schema_violations_are_400_with_a_reason() {
+    let node = Node::start(CFG);
+    let table: &[(&str, &str)] = &[
+        ("not json at all", "JSON"),
+        ("[1]", "object"),
+        ("\"text\"", "object"),
+        (
+            r#"{"callback":{"http":{"uri":"http://127.0.0.1:1/"}}}"#,
+            "timing",
+        ),
+        (
+            r#"{"timing":{},"callback":{"http":{"uri":"http://127.0.0.1:1/"}}}"#,
+            "interval",
+        ),
+        (r#"{"timing":{"interval":1}}"#, "callback"),
+        (
+            r#"{"timing":{"interval":1},"callback":{"sip":{"uri":"sip:a"}}}"#,
+            "http",
+        ),
+        (
+            r#"{"timing":{"interval":1},"callback":{"http":{"opaque":"x"}}}"#,
+            "uri",
+        ),
+        (
+            r#"{"timing":{"interval":-5},"callback":{"http":{"uri":"http://127.0.0.1:1/"}}}"#,
+            "negative",
+        ),
+        (
+            r#"{"timing":{"interval":"ten"},"callback":{"http":{"uri":"http://127.0.0.1:1/"}}}"#,
+            "interval",
+        ),
+        (
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://127.0.0.1:1/"}},"reliability":"two"}"#,
+            "reliability",
+        ),
+        (
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://127.0.0.1:1/"}},"statistics":{"tag-info":[{"type":"A","count":0}]}}"#,
+            "count",
+        ),
+        (
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://127.0.0.1:1/"}},"statistics":{"tag-info":[{"type":"A","count":"3"}]}}"#,
+            "count",
+        ),
+    ];
+    for (body, needle) in table {
+        for (method, path) in [
+            ("POST", "/timers".to_string()),
+            ("PUT", format!("/timers/{}", "ab".repeat(16))),
+        ] {
+            let r = node.request(method, &path, body);
+            assert_eq!(r.status, 400, "{method} {body}");
+            assert!(
+                r.text().to_lowercase().contains(&needle.to_lowercase()),
+                "{body}: reason {:?}",
+                r.text()
+            );
+        }
+    }
+    // The node is unharmed.
+    assert_eq!(node.request("GET", "/ping", "").status, 200);
+}
+
+#[test]
+fn ids_paths_and_methods() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let body = timer_body("100", None, &sink.uri("/"), "x");
+    for bad in ["abc", "zz".repeat(16).as_str(), "0".repeat(33).as_str(), ""] {
+        assert_eq!(
+            node.request("PUT", &format!("/timers/{bad}"), &body).status,
+            404,
+            "PUT {bad:?}"
+        );
+        assert_eq!(
+            node.request("DELETE", &format!("/timers/{bad}"), "").status,
+            404,
+            "DELETE {bad:?}"
+        );
+    }
+    let id = node.create(&body);
+    let r = node.request("GET", &format!("/timers/{id}"), "");
+    assert_eq!(r.status, 405);
+    assert!(r.header("Allow").unwrap().contains("DELETE"));
+    let r = node.request("PATCH", "/timers", "");
+    assert_eq!(r.status, 405);
+    assert!(r.header("Allow").unwrap().contains("POST"));
+    // DELETE is idempotent.
+    assert_eq!(
+        node.request("DELETE", &format!("/timers/{id}"), "").status,
+        200
+    );
+    assert_eq!(
+        node.request("DELETE", &format!("/timers/{id}"), "").status,
+        200
+    );
+    // PUT to an unknown ID creates it, and keeps the unique part.
+    let new = "0123456789abcdef0000000000000000";
+    let r = node.request("PUT", &format!("/timers/{new}"), &body);
+    assert_eq!(r.status, 200);
+    assert!(r.location_id().starts_with("0123456789abcdef"));
+}
+
+#[test]
+fn pipelined_requests_answer_in_order() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let body = timer_body("600", None, &sink.uri("/"), "p");
+    let mut batch = Vec::new();
+    for i in 0..60 {
+        match i % 3 {
+            0 => batch.extend_from_slice(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"),
+            1 => batch.extend_from_slice(
+                format!(
+                    "POST /timers HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            ),
+            _ => batch.extend_from_slice(
+                b"DELETE /timers/short HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+            ),
+        }
+    }
+    let mut s = TcpStream::connect(node.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&batch).unwrap();
+    let mut reader = BufReader::new(s);
+    for i in 0..60 {
+        let r = read_response(&mut reader).unwrap();
+        let want = [200, 200, 404][i % 3];
+        assert_eq!(r.status, want, "response {i}");
+        if i % 3 == 1 {
+            r.location_id();
+        }
+    }
+}
+
+#[test]
+fn hostile_input_only_hurts_its_own_connection() {
+    let node = Node::start(
+        "[runtime]\ncores = 2\n[http]\nbody-bytes-max = 4096\nheader-bytes-max = 2048\n",
+    );
+    let sink = Sink::start(Behaviour::Ok);
+    // A timer set before the abuse must still pop after it.
+    let id = node.create(&timer_body("1", None, &sink.uri("/survivor"), "s"));
+
+    let status = |bytes: &[u8]| -> u16 {
+        let out = raw_exchange(node.addr, bytes);
+        let text = String::from_utf8_lossy(&out).to_string();
+        text.split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(status(b"\x16\x03\x01\x02\x00garbage\r\n\r\n"), 400);
+    assert_eq!(status(b"GET /ping HTTP/1.1\r\nHost\r\n\r\n"), 400);
+    let mut big_header = b"GET /ping HTTP/1.1\r\nX-Big: ".to_vec();
+    big_header.extend(std::iter::repeat_n(b'a', 4000));
+    big_header.extend_from_slice(b"\r\n\r\n");
+    assert_eq!(status(&big_header), 431);
+    let mut many = b"GET /ping HTTP/1.1\r\n".to_vec();
+    for i in 0..100 {
+        many.extend_from_slice(format!("X-{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    assert_eq!(status(&many), 431);
+    assert_eq!(
+        status(b"POST /timers HTTP/1.1\r\nContent-Length: 999999\r\n\r\n{"),
+        413
+    );
+    assert_eq!(
+        status(b"POST /timers HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"),
+        411
+    );
+    assert_eq!(
+        status(b"POST /timers HTTP/1.1\r\nContent-Length: nope\r\n\r\n"),
+        400
+    );
+    // Error bodies carry a reason.
+    let out = String::from_utf8_lossy(&raw_exchange(
+        node.addr,
+        b"POST /timers HTTP/1.1\r\nContent-Length: 999999\r\n\r\n",
+    ))
+    .to_string();
+    assert!(out.contains("too large"), "{out}");
+    // A client that sends half a request and vanishes.
+    {
+        let mut s = TcpStream::connect(node.addr).unwrap();
+        s.write_all(b"POST /timers HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"tim")
+            .unwrap();
+    }
+    assert_eq!(node.request("GET", "/ping", "").status, 200);
+    let pops = sink.wait_for(1, Duration::from_secs(5));
+    assert_eq!(pops.len(), 1, "timer {id} popped despite the abuse");
+    assert_eq!(pops[0].path, "/survivor");
+}
+
+#[test]
+fn expect_continue_is_honoured() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let body = timer_body("100", None, &sink.uri("/"), &"x".repeat(2000));
+    let mut s = TcpStream::connect(node.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(format!("POST /timers HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes()).unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let interim = read_response(&mut reader).unwrap();
+    assert_eq!(interim.status, 100);
+    s.write_all(body.as_bytes()).unwrap();
+    let r = read_response(&mut reader).unwrap();
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn metrics_count_timers_and_tags() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let tagged = |count: &str| {
+        format!(
+            r#"{{"timing":{{"interval":300}},"callback":{{"http":{{"uri":"{}","opaque":"t"}}}},"statistics":{{"tag-info":[{{"type":"CALL","count":{count}}},{{"type":"SUB"}}]}}}}"#,
+            sink.uri("/")
+        )
+    };
+    let a = node.create(&tagged("3"));
+    node.create(&tagged("2"));
+    let r = node.request("GET", "/metrics", "");
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert!(text.contains("chronos_tag_count{tag=\"CALL\"} 5"), "{text}");
+    assert!(text.contains("chronos_tag_count{tag=\"SUB\"} 2"), "{text}");
+    assert!(text.contains("chronos_timers_pending 2"), "{text}");
+    node.request("DELETE", &format!("/timers/{a}"), "");
+    let text = node.request("GET", "/metrics", "").text();
+    assert!(text.contains("chronos_tag_count{tag=\"CALL\"} 2"), "{text}");
+    assert!(text.contains("chronos_timers_created_total 2"), "{text}");
+}
+
+#[test]
+fn sigterm_exits_zero() {
+    let node = Node::start(CFG);
+    assert_eq!(node.request("GET", "/ping", "").status, 200);
+    let status = node.terminate();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn invalid_config_fails_before_binding() {
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("chronos-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = [
+        ("[http]\nbind-port = \"x\"\n", "bind-port"),
+        ("[runtime]\ncores = 999\n", "cores"),
+        ("[cluster]\nnode = [\"not-an-address\"]\n", "cluster"),
+        ("[nonsense]\nx = 1\n", "nonsense"),
+    ];
+    for (text, needle) in table {
+        let path = dir.join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_chronos"))
+            .arg("--config")
+            .arg(&path)
+            .args(["--bind-port", &port.to_string()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{text}: {err}");
+        // Nothing bound.
+        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+}

@@ -1,0 +1,387 @@
+//! Test support: start the real `chronos` binary on a free loopback port,
+//! talk to it over plain TCP, and receive its callbacks on a real sink.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// A port nobody is listening on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running chronos process; killed when dropped.
+pub struct Node {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: std::path::PathBuf,
+}
+
+impl Node {
+    /// Start with `--bind-port` set and an optional config file body.
+    pub fn start(config: &str) -> Node {
+        let port = free_port();
+        Self::start_at("127.0.0.1", port, config)
+    }
+
+    pub fn start_at(ip: &str, port: u16, config: &str) -> Node {
+        let dir =
+            std::env::temp_dir().join(format!("chronos-test-{}-{}", std::process::id(), port));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config_path = dir.join("chronos.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = dir.join("chronos.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_chronos"))
+            .arg("--config")
+            .arg(&config_path)
+            .args(["--bind-address", ip, "--bind-port", &port.to_string()])
+            .env("CHRONOS_LOG_LEVEL", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start chronos");
+        let node = Node {
+            child,
+            addr: format!("{ip}:{port}").parse().unwrap(),
+            log,
+        };
+        node.wait_ready();
+        node
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(r) = try_request(self.addr, "GET", "/ping", &[], b"") {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("chronos did not answer /ping; log:\n{}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn request(&self, method: &str, path: &str, body: &str) -> Response {
+        request(self.addr, method, path, &[], body.as_bytes())
+    }
+
+    /// Create a timer; returns its ID.
+    pub fn create(&self, body: &str) -> String {
+        let r = self.request("POST", "/timers", body);
+        assert_eq!(r.status, 200, "POST failed: {}", r.text());
+        r.location_id()
+    }
+
+    /// SIGTERM, and the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "chronos did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A parsed HTTP response.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The timer ID from `Location: /timers/<id>`, checked for shape.
+    pub fn location_id(&self) -> String {
+        let loc = self.header("Location").expect("Location header");
+        let id = loc
+            .strip_prefix("/timers/")
+            .expect("Location is /timers/<id>");
+        assert_eq!(id.len(), 32, "ID {id:?} is 32 hex digits");
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{id:?}"
+        );
+        id.to_string()
+    }
+}
+
+/// Read one response from a buffered stream.
+pub fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "closed",
+        ));
+    }
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h)?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (n, v) = h.split_once(':').unwrap();
+        headers.push((n.trim().to_string(), v.trim().to_string()));
+    }
+    let len: usize = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body)?;
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+pub fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Response> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (n, v) in headers {
+        req.push_str(&format!("{n}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(body);
+    s.write_all(&bytes)?;
+    read_response(&mut BufReader::new(s))
+}
+
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    try_request(addr, method, path, headers, body).expect("request")
+}
+
+/// Send raw bytes, read everything until the server closes (or times out).
+pub fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    out
+}
+
+/// One callback as the sink saw it.
+#[derive(Clone, Debug)]
+pub struct Pop {
+    pub at: Instant,
+    pub path: String,
+    pub sequence: u32,
+    pub content_type: String,
+    pub body: String,
+}
+
+/// How the sink answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behaviour {
+    Ok,
+    /// 500 for every request.
+    Fail,
+    /// Accept, read, never answer.
+    Hang,
+}
+
+/// A real HTTP callback target on a loopback port.
+pub struct Sink {
+    pub addr: SocketAddr,
+    pops: Arc<(Mutex<Vec<Pop>>, Condvar)>,
+    stop: Arc<AtomicBool>,
+    pub connections: Arc<AtomicUsize>,
+}
+
+impl Sink {
+    pub fn start(behaviour: Behaviour) -> Sink {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pops: Arc<(Mutex<Vec<Pop>>, Condvar)> = Default::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (p, st, c) = (pops.clone(), stop.clone(), connections.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if st.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                c.fetch_add(1, Ordering::Relaxed);
+                let p = p.clone();
+                std::thread::spawn(move || serve_sink(stream, p, behaviour));
+            }
+        });
+        Sink {
+            addr,
+            pops,
+            stop,
+            connections,
+        }
+    }
+
+    pub fn uri(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn pops(&self) -> Vec<Pop> {
+        self.pops.0.lock().unwrap().clone()
+    }
+
+    /// Wait until at least `n` pops arrived, or the timeout passed.
+    pub fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Pop> {
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &*self.pops;
+        let mut pops = lock.lock().unwrap();
+        while pops.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            pops = cv.wait_timeout(pops, left).unwrap().0;
+        }
+        pops.clone()
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+fn serve_sink(stream: TcpStream, pops: Arc<(Mutex<Vec<Pop>>, Condvar)>, behaviour: Behaviour) {
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+        let mut len = 0usize;
+        let mut sequence = 0u32;
+        let mut content_type = String::new();
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((n, v)) = h.split_once(':') {
+                let v = v.trim();
+                match n.to_ascii_lowercase().as_str() {
+                    "content-length" => len = v.parse().unwrap_or(0),
+                    "x-sequence-number" => sequence = v.parse().unwrap_or(0),
+                    "content-type" => content_type = v.to_string(),
+                    _ => {}
+                }
+            }
+        }
+        let mut body = vec![0; len];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let pop = Pop {
+            at: Instant::now(),
+            path,
+            sequence,
+            content_type,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        };
+        {
+            let (lock, cv) = &*pops;
+            lock.lock().unwrap().push(pop);
+            cv.notify_all();
+        }
+        let answer: &[u8] = match behaviour {
+            Behaviour::Ok => b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            Behaviour::Fail => {
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nnope"
+            }
+            Behaviour::Hang => {
+                std::thread::sleep(Duration::from_secs(30));
+                return;
+            }
+        };
+        if writer.write_all(answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// A timer body for `uri`.
+pub fn timer_body(interval: &str, repeat_for: Option<&str>, uri: &str, opaque: &str) -> String {
+    let repeat = repeat_for
+        .map(|r| format!(",\"repeat-for\":{r}"))
+        .unwrap_or_default();
+    format!(
+        r#"{{"timing":{{"interval":{interval}{repeat}}},"callback":{{"http":{{"uri":"{uri}","opaque":"{opaque}"}}}}}}"#
+    )
+}

@@ -1,0 +1,234 @@
+//! Pops and callbacks: timing bounds, repeats, updates, deletes, failures,
+//! load. Bounds allow for a loaded 2-core machine: never early, at most
+//! `interval + 600 ms` late.
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+const CFG: &str = "[runtime]\ncores = 2\n";
+const LATE_MAX: Duration = Duration::from_millis(600);
+
+#[test]
+fn one_shot_pops_once_within_bounds() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let before = Instant::now();
+    let id = node.create(&timer_body("1", None, &sink.uri("/one"), "payload-1"));
+    let after = Instant::now();
+    let pops = sink.wait_for(1, Duration::from_secs(5));
+    assert_eq!(pops.len(), 1, "timer {id} popped");
+    let p = &pops[0];
+    assert!(
+        p.at.duration_since(before) >= Duration::from_secs(1),
+        "never early"
+    );
+    assert!(
+        p.at.duration_since(after) <= Duration::from_secs(1) + LATE_MAX,
+        "late by {:?}",
+        p.at.duration_since(after)
+    );
+    assert_eq!(
+        (p.path.as_str(), p.sequence, p.body.as_str()),
+        ("/one", 1, "payload-1")
+    );
+    assert_eq!(p.content_type, "application/octet-stream");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(sink.pops().len(), 1, "pops exactly once");
+}
+
+#[test]
+fn fractional_interval_has_ms_resolution() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let before = Instant::now();
+    node.create(&timer_body("0.25", None, &sink.uri("/frac"), "f"));
+    let after = Instant::now();
+    let pops = sink.wait_for(1, Duration::from_secs(3));
+    assert_eq!(pops.len(), 1);
+    assert!(pops[0].at.duration_since(before) >= Duration::from_millis(250));
+    assert!(pops[0].at.duration_since(after) <= Duration::from_millis(250) + LATE_MAX);
+}
+
+#[test]
+fn repeating_timer_pops_each_interval_with_sequence_numbers() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let before = Instant::now();
+    node.create(&timer_body("0.5", Some("1.5"), &sink.uri("/rep"), "r"));
+    let after = Instant::now();
+    let pops = sink.wait_for(3, Duration::from_secs(5));
+    assert_eq!(
+        pops.iter().map(|p| p.sequence).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    for (i, p) in pops.iter().enumerate() {
+        let due = Duration::from_millis(500 * (i as u64 + 1));
+        assert!(p.at.duration_since(before) >= due, "pop {} early", i + 1);
+        assert!(
+            p.at.duration_since(after) <= due + LATE_MAX,
+            "pop {} late",
+            i + 1
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(sink.pops().len(), 3, "repeat-for ends the timer");
+}
+
+#[test]
+fn interval_equal_to_repeat_for_pops_once_and_shorter_never() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    node.create(&timer_body("0.4", Some("0.4"), &sink.uri("/once"), "a"));
+    node.create(&timer_body("0.4", Some("0.3"), &sink.uri("/never"), "b"));
+    std::thread::sleep(Duration::from_millis(1600));
+    let pops = sink.pops();
+    assert_eq!(pops.len(), 1, "{pops:?}");
+    assert_eq!(pops[0].path, "/once");
+}
+
+#[test]
+fn update_replaces_and_delete_cancels() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let upd = node.create(&timer_body("0.6", None, &sink.uri("/old"), "old"));
+    let del = node.create(&timer_body("0.6", None, &sink.uri("/deleted"), "gone"));
+    let before = Instant::now();
+    let r = node.request(
+        "PUT",
+        &format!("/timers/{upd}"),
+        &timer_body("1.2", None, &sink.uri("/new"), "new"),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(&r.location_id()[..16], &upd[..16], "same timer");
+    assert_eq!(
+        node.request("DELETE", &format!("/timers/{del}"), "").status,
+        200
+    );
+    let pops = sink.wait_for(1, Duration::from_secs(4));
+    std::thread::sleep(Duration::from_millis(800));
+    let pops_after = sink.pops();
+    assert_eq!(pops_after.len(), 1, "{pops_after:?}");
+    assert_eq!(
+        (
+            pops[0].path.as_str(),
+            pops[0].body.as_str(),
+            pops[0].sequence
+        ),
+        ("/new", "new", 1)
+    );
+    assert!(pops[0].at.duration_since(before) >= Duration::from_millis(1200));
+}
+
+#[test]
+fn put_creates_a_timer_that_pops() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    // IDs chosen by the client land on whichever shard owns them.
+    for unique in [
+        "00000000000000010000000000000000",
+        "00000000000000020000000000000000",
+        "ffffffffffffffff0000000000000000",
+    ] {
+        let r = node.request(
+            "PUT",
+            &format!("/timers/{unique}"),
+            &timer_body("0.3", None, &sink.uri("/put"), unique),
+        );
+        assert_eq!(r.status, 200);
+    }
+    let pops = sink.wait_for(3, Duration::from_secs(3));
+    assert_eq!(
+        pops.len(),
+        3,
+        "{pops:?}\n{}",
+        node.request("GET", "/metrics", "").text()
+    );
+}
+
+#[test]
+fn failed_callback_drops_the_timer() {
+    // Single node: the failed replica drops its copy without replicating, so a
+    // repeating timer stops after its first failed pop.
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Fail);
+    node.create(&timer_body("0.3", Some("3"), &sink.uri("/fail"), "f"));
+    sink.wait_for(1, Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(sink.pops().len(), 1);
+    let text = node.request("GET", "/metrics", "").text();
+    assert!(text.contains("chronos_callbacks_failed_total 1"), "{text}");
+}
+
+#[test]
+fn dead_target_does_not_delay_other_pops() {
+    let node = Node::start(CFG);
+    let hang = Sink::start(Behaviour::Hang);
+    let good = Sink::start(Behaviour::Ok);
+    // Many hanging callbacks first, on both shards.
+    for i in 0..50 {
+        node.create(&timer_body(
+            "0.5",
+            None,
+            &hang.uri("/hang"),
+            &format!("h{i}"),
+        ));
+    }
+    let before = Instant::now();
+    node.create(&timer_body("0.6", None, &good.uri("/good"), "g"));
+    let after = Instant::now();
+    let pops = good.wait_for(1, Duration::from_secs(3));
+    assert_eq!(pops.len(), 1);
+    assert!(pops[0].at.duration_since(before) >= Duration::from_millis(600));
+    assert!(pops[0].at.duration_since(after) <= Duration::from_millis(600) + LATE_MAX);
+    assert!(
+        hang.wait_for(50, Duration::from_secs(3)).len() == 50,
+        "the hanging target was called"
+    );
+}
+
+#[test]
+fn two_thousand_timers_over_eight_connections_pop_exactly_once() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let uri = sink.uri("/bulk");
+    let threads: Vec<_> = (0..8)
+        .map(|c| {
+            let addr = node.addr;
+            let uri = uri.clone();
+            std::thread::spawn(move || {
+                use std::io::{BufReader, Write};
+                let s = std::net::TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut w = s.try_clone().unwrap();
+                let mut r = BufReader::new(s);
+                for i in 0..250 {
+                    let body = timer_body("1", None, &uri, &format!("c{c}-{i}"));
+                    w.write_all(
+                        format!(
+                            "POST /timers HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .unwrap();
+                    let resp = read_response(&mut r).unwrap();
+                    assert_eq!(resp.status, 200);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let pops = sink.wait_for(2000, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(500));
+    let pops_final = sink.pops();
+    assert_eq!(pops.len(), 2000);
+    assert_eq!(pops_final.len(), 2000, "no duplicates");
+    let mut bodies: Vec<&str> = pops_final.iter().map(|p| p.body.as_str()).collect();
+    bodies.sort();
+    bodies.dedup();
+    assert_eq!(bodies.len(), 2000, "each timer exactly once");
+    assert!(pops_final.iter().all(|p| p.sequence == 1));
+}
