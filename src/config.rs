@@ -376,6 +376,20 @@ mod tests {
     }
 
     #[test]
+    fn sample_config_is_valid_and_matches_defaults() {
+        let text = include_str!("../chronos.sample.toml");
+        let c = Config::from_toml(text).unwrap();
+        let d = Config::default();
+        assert_eq!(c.http.body_bytes_max, d.http.body_bytes_max);
+        assert_eq!(
+            c.timers.callback_connections_per_host_max,
+            d.timers.callback_connections_per_host_max
+        );
+        assert_eq!(c.timers.timers_per_shard_max, d.timers.timers_per_shard_max);
+        c.resolve(2).unwrap();
+    }
+
+    #[test]
     fn invalid_configs_fail_clearly() {
         let table = [
             ("[http]\nbind-port = \"x\"", "bind-port"),
