@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# GET /ping and POST /timers throughput of chronos against a stock nginx
+# (Debian package, one worker per core, reuseport, `return 200`), measured
+# with wrk on the same machine, interleaved in one run.
+#
+#   perf/http-bench.sh [rounds] [seconds] [connections]
+#
+# Needs: wrk, nginx (apt-get install wrk nginx-light), a release build.
+# Prints a table and writes perf/results/http-<date>.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}; SECS=${2:-10}; CONNS=${3:-64}
+NGINX_PORT=18080; CHRONOS_PORT=17253
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo build --release --quiet
+BIN="$TARGET_DIR/release/chronos"
+WORK=$(mktemp -d)
+cores=$(nproc)
+cat > "$WORK/nginx.conf" <<CONF
+worker_processes $cores;
+worker_cpu_affinity auto;
+pid $WORK/nginx.pid;
+error_log $WORK/error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$NGINX_PORT reuseport; location / { return 200 "OK"; } }
+}
+CONF
+cat > "$WORK/post.lua" <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"timing":{"interval":3600},"callback":{"http":{"uri":"http://127.0.0.1:9/cb","opaque":"wrk"}}}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+nginx -c "$WORK/nginx.conf"
+"$BIN" --bind-port $CHRONOS_PORT --log-level warn 2>"$WORK/chronos.log" &
+CPID=$!
+trap 'kill $CPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -s stop 2>/dev/null; rm -rf "$WORK"' EXIT
+sleep 1
+run() { # name url [script]
+  local out
+  if [ -n "${3:-}" ]; then out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$3" "$2"); else out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "$2"); fi
+  local rps p50 p99
+  rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  p50=$(echo "$out" | awk '$1=="50%" {print $2}')
+  p99=$(echo "$out" | awk '$1=="99%" {print $2}')
+  printf '%-22s %12s req/s   p50 %8s   p99 %8s\n' "$1" "$rps" "$p50" "$p99"
+}
+RESULT="perf/results/http-$(date +%Y-%m-%d).txt"
+{
+  echo "# $(date -Iseconds) $(uname -r) $(nproc) cores; wrk -t1 -c$CONNS -d${SECS}s; chronos and nginx on every core"
+  for r in $(seq 1 "$ROUNDS"); do
+    run "nginx GET /" "http://127.0.0.1:$NGINX_PORT/"
+    run "chronos GET /ping" "http://127.0.0.1:$CHRONOS_PORT/ping"
+    run "chronos POST /timers" "http://127.0.0.1:$CHRONOS_PORT/timers" "$WORK/post.lua"
+  done
+} | tee "$RESULT"
