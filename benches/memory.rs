@@ -16,7 +16,11 @@ fn rss_bytes() -> usize {
 
 fn main() {
     // Under `cargo test --benches` this runs as a quick smoke check.
-    let n: usize = if std::env::args().any(|a| a == "--bench") { 1_000_000 } else { 10_000 };
+    let n: usize = if std::env::args().any(|a| a == "--bench") {
+        1_000_000
+    } else {
+        10_000
+    };
     let uri = "http://10.0.0.1:8080/callback";
     let opaque = "0123456789abcdef0123456789abcdef";
     let before = rss_bytes();
@@ -24,7 +28,17 @@ fn main() {
     let mut ids = chronos::timer::IdGenerator::new(1, 0, 1);
     for i in 0..n {
         let unique = ids.next(chronos::timer::id::ID_EPOCH_UNIX_MS + 1_000_000 + i as u64 / 4096);
-        let t = Timer::new(TimerId { unique, bloom: 0 }, 0, 3_600_000, 3_600_000, 0, 0, 2, uri, opaque);
+        let t = Timer::new(
+            TimerId { unique, bloom: 0 },
+            0,
+            3_600_000,
+            3_600_000,
+            0,
+            0,
+            2,
+            uri,
+            opaque,
+        );
         store.insert(1 + (i as u64 * 7919) % 3_600_000, t);
     }
     let after = rss_bytes();
