@@ -356,14 +356,7 @@ async fn exchange(
                 return Err(Exchange::Failed("response body too large".into()));
             }
             while buf.len() < len {
-                let n = stream
-                    .read(&mut chunk)
-                    .await
-                    .map_err(|e| Exchange::Failed(format!("receive: {e}")))?;
-                if n == 0 {
-                    return Err(Exchange::Failed("connection closed mid-body".into()));
-                }
-                buf.extend_from_slice(&chunk[..n]);
+                read_more(stream, &mut chunk, &mut buf).await?;
             }
             if buf.len() > len {
                 keep = false; // unexpected extra bytes: do not reuse
@@ -394,14 +387,7 @@ async fn exchange(
                         if buf.len() - pos > RESPONSE_BODY_MAX + READ_CHUNK {
                             return Err(Exchange::Failed("response chunk too large".into()));
                         }
-                        let n = stream
-                            .read(&mut chunk)
-                            .await
-                            .map_err(|e| Exchange::Failed(format!("receive: {e}")))?;
-                        if n == 0 {
-                            return Err(Exchange::Failed("connection closed mid-body".into()));
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
+                        read_more(stream, &mut chunk, &mut buf).await?;
                     }
                     ChunkStep::Bad => {
                         return Err(Exchange::Failed("malformed chunked body".into()))
@@ -430,6 +416,23 @@ async fn exchange(
     };
     let body = if want_body { body } else { Vec::new() };
     Ok((Response { status, body }, keep))
+}
+
+/// Append one read to `buf`; a closed connection mid-body is an error.
+async fn read_more(
+    stream: &mut TcpStream,
+    chunk: &mut [u8],
+    buf: &mut Vec<u8>,
+) -> Result<(), Exchange> {
+    let n = stream
+        .read(chunk)
+        .await
+        .map_err(|e| Exchange::Failed(format!("receive: {e}")))?;
+    if n == 0 {
+        return Err(Exchange::Failed("connection closed mid-body".into()));
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(())
 }
 
 enum Framing {
