@@ -82,11 +82,12 @@ struct RawTimer<'a> {
 }
 
 #[derive(Deserialize)]
-#[serde(expecting = "an object")]
+#[serde(expecting = "timing to be an object")]
 struct RawTiming {
-    interval: Option<serde_json::Number>,
+    // `Value`, not `Number`, so a wrong type gets a reason naming the field.
+    interval: Option<serde_json::Value>,
     #[serde(rename = "repeat-for")]
-    repeat_for: Option<serde_json::Number>,
+    repeat_for: Option<serde_json::Value>,
     #[serde(rename = "start-time-delta")]
     start_time_delta: Option<i64>,
     #[serde(rename = "sequence-number")]
@@ -101,7 +102,7 @@ struct RawCallback<'a> {
 }
 
 #[derive(Deserialize)]
-#[serde(expecting = "an object with uri and opaque")]
+#[serde(expecting = "callback.http to be an object with uri and opaque")]
 struct RawHttp<'a> {
     #[serde(borrow)]
     uri: Option<Cow<'a, str>>,
@@ -138,10 +139,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawCallback<'a> {
 }
 
 #[derive(Deserialize)]
-#[serde(expecting = "an object")]
+#[serde(expecting = "reliability to be an object")]
 struct RawReliability<'a> {
     #[serde(rename = "replication-factor")]
-    replication_factor: Option<serde_json::Number>,
+    replication_factor: Option<serde_json::Value>,
     #[serde(rename = "cluster-view-id", borrow)]
     cluster_view_id: Option<Cow<'a, str>>,
     #[serde(borrow)]
@@ -151,23 +152,27 @@ struct RawReliability<'a> {
 }
 
 #[derive(Deserialize)]
-#[serde(expecting = "an object")]
+#[serde(expecting = "statistics to be an object")]
 struct RawStatistics<'a> {
     #[serde(rename = "tag-info", borrow)]
     tag_info: Option<Vec<RawTag<'a>>>,
 }
 
 #[derive(Deserialize)]
-#[serde(expecting = "an object with type and count")]
+#[serde(expecting = "each statistics.tag-info entry to be an object with type and count")]
 struct RawTag<'a> {
     #[serde(rename = "type", borrow)]
     kind: Option<Cow<'a, str>>,
-    count: Option<serde_json::Number>,
+    count: Option<serde_json::Value>,
 }
 
 /// Seconds (integer or fractional) to whole milliseconds, never rounding a
 /// value down below what was asked.
-fn seconds_to_ms(field: &str, n: &serde_json::Number) -> Result<u32, String> {
+fn seconds_to_ms(field: &str, value: &serde_json::Value) -> Result<u32, String> {
+    let n = match value {
+        serde_json::Value::Number(n) => n,
+        _ => return Err(format!("{field} must be a number of seconds")),
+    };
     if let Some(u) = n.as_u64() {
         return u
             .checked_mul(1000)
@@ -209,11 +214,15 @@ pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
     let raw: RawTimer =
         serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
     let timing = raw.timing.ok_or("missing timing object")?;
-    let interval = timing.interval.as_ref().ok_or("missing timing.interval")?;
+    let interval = timing
+        .interval
+        .as_ref()
+        .filter(|v| !v.is_null())
+        .ok_or("missing timing.interval")?;
     let interval_ms = seconds_to_ms("timing.interval", interval)?;
     let repeat_for_ms = match &timing.repeat_for {
-        Some(n) => seconds_to_ms("timing.repeat-for", n)?,
-        None => interval_ms,
+        Some(v) if !v.is_null() => seconds_to_ms("timing.repeat-for", v)?,
+        _ => interval_ms,
     };
     if interval_ms == 0 && repeat_for_ms > 0 {
         return Err("timing.interval must be positive for a repeating timer".into());
@@ -428,7 +437,7 @@ mod tests {
             ),
             (
                 r#"{"timing":{"interval":"10"},"callback":{"http":{"uri":"http://a/"}}}"#,
-                "invalid",
+                "timing.interval must be a number",
             ),
             (r#"{"timing":{"interval":1}}"#, "missing callback"),
             (
