@@ -90,7 +90,7 @@ impl Client {
             .map_err(|_| "callback URI is not UTF-8".to_string())?;
         let opaque = &data[uri_len..];
         let target = parse_uri(uri)?;
-        let mut seq_buf = itoa_buf();
+        let mut seq_buf = [0u8; 10];
         let seq = format_u32(&mut seq_buf, sequence);
         let headers: [(&str, &[u8]); 2] = [
             ("Content-Type", b"application/octet-stream"),
@@ -162,9 +162,8 @@ impl Client {
                         }
                         break Ok(response);
                     }
-                    Err(Exchange::NothingBack(e)) if reused && attempt == 0 => {
+                    Err(Exchange::NothingBack(_)) if reused && attempt == 0 => {
                         attempt += 1;
-                        let _ = e;
                         continue;
                     }
                     Err(Exchange::NothingBack(e)) | Err(Exchange::Failed(e)) => break Err(e),
@@ -503,10 +502,6 @@ fn decode_chunk(buf: &[u8]) -> ChunkStep {
     }
 }
 
-fn itoa_buf() -> [u8; 10] {
-    [0u8; 10]
-}
-
 /// Decimal digits of `v` in `buf`, without allocating.
 pub fn format_u32(buf: &mut [u8; 10], mut v: u32) -> &[u8] {
     let mut i = buf.len();
@@ -546,7 +541,7 @@ mod tests {
 
     #[test]
     fn decimal() {
-        let mut b = itoa_buf();
+        let mut b = [0u8; 10];
         assert_eq!(format_u32(&mut b, 0), b"0");
         assert_eq!(format_u32(&mut b, 4_294_967_295), b"4294967295");
     }
