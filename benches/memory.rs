@@ -6,7 +6,7 @@
 //! `cargo bench --bench memory`
 
 use chronos::shard::Store;
-use chronos::timer::{Timer, TimerId};
+use chronos::timer::{Timer, TimerHead, TimerId};
 
 fn rss_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -28,17 +28,18 @@ fn main() {
     let mut ids = chronos::timer::IdGenerator::new(1, 0, 1);
     for i in 0..n {
         let unique = ids.next(chronos::timer::id::ID_EPOCH_UNIX_MS + 1_000_000 + i as u64 / 4096);
-        let t = Timer::new(
-            TimerId { unique, bloom: 0 },
-            0,
-            3_600_000,
-            3_600_000,
-            0,
-            0,
-            2,
-            uri,
-            opaque,
-        );
+        let head = TimerHead {
+            id: TimerId { unique, bloom: 0 },
+            start_ms: 0,
+            version: 0,
+            interval_ms: 3_600_000,
+            repeat_for_ms: 3_600_000,
+            sequence: 0,
+            view: 0,
+            replica_index: 0,
+            replication_factor: 2,
+        };
+        let t = Timer::new(head, uri, opaque, &[]);
         store.insert(1 + (i as u64 * 7919) % 3_600_000, t);
     }
     let after = rss_bytes();

@@ -62,7 +62,7 @@ pub struct RuntimeConfig {
 }
 
 /// `[cluster]`
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct ClusterConfig {
     /// This node's `"ip:port"` in the lists below. Default: bind address and port.
@@ -72,6 +72,24 @@ pub struct ClusterConfig {
     pub leaving: Vec<String>,
     /// Identity bits in timer IDs (0..=1023). Default: derived from `localhost`.
     pub instance_id: Option<u16>,
+    /// A batch of replication messages to one peer must be answered within this.
+    pub replication_timeout_ms: u64,
+    /// Replication messages waiting per peer and shard; beyond it they are dropped.
+    pub replication_queue_max: usize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            localhost: None,
+            node: Vec::new(),
+            joining: Vec::new(),
+            leaving: Vec::new(),
+            instance_id: None,
+            replication_timeout_ms: 2000,
+            replication_queue_max: 16_384,
+        }
+    }
 }
 
 /// `[timers]`
@@ -295,6 +313,12 @@ impl Config {
                 "[timers] timers-per-shard-max must be at most {}",
                 crate::wheel::ENTRIES_MAX
             ));
+        }
+        if self.cluster.replication_timeout_ms == 0 || self.cluster.replication_queue_max == 0 {
+            return Err(
+                "[cluster] replication-timeout-ms and replication-queue-max must be positive"
+                    .into(),
+            );
         }
         if let Some(cap) = self.runtime.mesh_channel_capacity {
             if cap == 0 {

@@ -62,13 +62,17 @@ pub async fn handle(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: 
                 };
                 match req.method {
                     Method::Put => match spec::parse(req.body) {
+                        Ok(s) if s.replication.is_some() => {
+                            let result = shard.replica_update(id, s).await;
+                            timer_result(out, result, close)
+                        }
                         Ok(s) => {
-                            let result = shard.route_update(id, s).await;
+                            let result = shard.client_update(id, s).await;
                             timer_result(out, result, close)
                         }
                         Err(reason) => error(out, 400, &reason, close),
                     },
-                    Method::Delete => match shard.route_delete(id).await {
+                    Method::Delete => match shard.client_delete(id).await {
                         Ok(()) => {
                             write_response(out, 200, &[], b"", close);
                             200

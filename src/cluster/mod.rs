@@ -11,6 +11,7 @@
 //!   over every node of the (new) cluster, written in decimal.
 
 pub mod murmur;
+pub mod replicate;
 
 use murmur::{murmur3_x86_128, murmur3_x86_32};
 use std::net::SocketAddr;
@@ -62,6 +63,7 @@ impl Cluster {
             return Err("cluster has no nodes".into());
         }
         if nodes.len() + leaving.len() > NODES_MAX {
+            // (peer masks are u64: one bit per node)
             return Err(format!("cluster has more than {NODES_MAX} nodes"));
         }
         let mut seen_hashes: Vec<u32> = Vec::new();
@@ -145,6 +147,45 @@ impl Cluster {
         let mut out = [0usize; NODES_MAX];
         let count = self.replicas_into(unique_id, factor, &mut out);
         out[..count].to_vec()
+    }
+
+    /// Every known node, members then leaving ones: the peer numbering used
+    /// for replication (`0..nodes.len()` are the member indices).
+    pub fn all_nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().chain(self.leaving.iter())
+    }
+
+    /// The node at a peer index (see `all_nodes`).
+    pub fn node_at(&self, peer: usize) -> &Node {
+        if peer < self.nodes.len() {
+            &self.nodes[peer]
+        } else {
+            &self.leaving[peer - self.nodes.len()]
+        }
+    }
+
+    /// This node's peer index.
+    pub fn local_peer(&self) -> Option<usize> {
+        self.all_nodes()
+            .position(|n| n.address == self.local_address)
+    }
+
+    /// The peer index of an address.
+    pub fn peer_of(&self, address: &str) -> Option<usize> {
+        self.all_nodes().position(|n| n.address == address)
+    }
+
+    /// Peers (as a bit mask over `all_nodes`) whose bloom filter is contained
+    /// in `bloom`: the replicas a timer ID names (seed 001), plus rare false
+    /// positives, which merely receive a message they store as a tombstone.
+    pub fn bloom_matches(&self, bloom: u64) -> u64 {
+        let mut mask = 0u64;
+        for (i, node) in self.all_nodes().enumerate() {
+            if node.bloom & !bloom == 0 {
+                mask |= 1 << i;
+            }
+        }
+        mask
     }
 
     /// The bloom filter of a replica set.

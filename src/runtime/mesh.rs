@@ -4,7 +4,7 @@
 //! applies it and answers.
 
 use crate::shard::{OpError, Shard};
-use crate::timer::{TimerId, TimerSpec};
+use crate::timer::{TimerHead, TimerSpec};
 use glommio::channels::channel_mesh::{Receivers, Senders};
 use glommio::channels::oneshot::{self, SharedSender};
 use std::rc::Rc;
@@ -14,13 +14,11 @@ pub const CHANNEL_CAPACITY: usize = 1024;
 
 /// A message from one shard to another.
 pub enum MeshMsg {
-    Update {
-        id: TimerId,
-        spec: TimerSpec<'static>,
-        reply: SharedSender<Reply>,
-    },
-    Delete {
-        id: TimerId,
+    /// Store an incarnation on its owner (`spec: None`: a tombstone).
+    Apply {
+        head: TimerHead,
+        spec: Option<Box<TimerSpec<'static>>>,
+        from_client: bool,
         reply: SharedSender<Reply>,
     },
     Tags {
@@ -30,8 +28,7 @@ pub enum MeshMsg {
 
 /// The owner's answer.
 pub enum Reply {
-    Timer(Result<TimerId, OpError>),
-    Done,
+    Applied(Result<(), OpError>),
     Tags(Vec<(String, i64)>),
 }
 

@@ -15,21 +15,27 @@ mod store;
 
 pub use store::Store;
 
-use crate::cluster::Cluster;
+use crate::cluster::replicate::{Body, Replicator};
+use crate::cluster::{address_bloom, Cluster, NODES_MAX};
 use crate::config::Resolved;
 use crate::http::client::Client;
 use crate::runtime::clock;
 use crate::runtime::mesh::{Mesh, MeshMsg, Reply};
 use crate::runtime::notify::Notify;
 use crate::stats::ShardStats;
-use crate::timer::{shard_of, Timer, TimerId, TimerSpec};
+use crate::timer::spec::TAGS_MAX;
+use crate::timer::{shard_of, view_fingerprint, Timer, TimerHead, TimerId, TimerSpec};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Set by the signal thread; every shard watches it.
 pub static SHUTDOWN: AtomicBool = AtomicBool::new(false);
+
+/// How long a tombstone lives when nobody told it the timer's interval.
+pub const TOMBSTONE_MS_DEFAULT: u64 = 10_000;
 
 /// Why a timer operation failed: an HTTP status and a reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +53,24 @@ impl OpError {
     }
 }
 
+/// Where a timer's replicas are under the current cluster.
+struct Placement {
+    /// Member indices, primary first.
+    replicas: [usize; NODES_MAX],
+    count: usize,
+    bloom: u64,
+    /// This node's place in `replicas`.
+    my_index: Option<u8>,
+}
+
+impl Placement {
+    fn mask(&self) -> u64 {
+        self.replicas[..self.count]
+            .iter()
+            .fold(0, |m, &r| m | (1u64 << r))
+    }
+}
+
 /// Everything one shard owns.
 pub struct Shard {
     pub id: usize,
@@ -56,6 +80,7 @@ pub struct Shard {
     pub stats: Arc<[ShardStats]>,
     pub mesh: Mesh,
     pub client: Client,
+    pub replicator: Replicator,
     /// Wakes the pop loop when a timer due before its current sleep arrives.
     pub pop_wake: Notify,
     /// The deadline the pop loop sleeps until (`u64::MAX`: idle).
@@ -66,6 +91,11 @@ pub struct Shard {
     pub busy: Cell<usize>,
     pub connections: Cell<usize>,
     pub shutting_down: Cell<bool>,
+    /// The last version handed out (strictly increasing per shard).
+    last_version_us: Cell<u64>,
+    /// This node's peer index, and the current view's fingerprint.
+    local_peer: Option<usize>,
+    view: u32,
 }
 
 impl Shard {
@@ -78,6 +108,22 @@ impl Shard {
         let shards = resolved.shards;
         let store = Store::new(id, shards, resolved.instance_id, clock::now_ms());
         let client = Client::new(&resolved.config.timers);
+        let cluster = &resolved.cluster;
+        let peers: Vec<_> = cluster
+            .all_nodes()
+            .map(|n| (n.address.clone(), n.socket))
+            .collect();
+        let c = &resolved.config.cluster;
+        let replicator = Replicator::new(
+            &peers,
+            c.replication_queue_max,
+            Duration::from_millis(c.replication_timeout_ms),
+            Duration::from_millis(resolved.config.timers.callback_connect_timeout_ms),
+            stats.clone(),
+            id,
+        );
+        let local_peer = cluster.local_peer();
+        let view = view_fingerprint(cluster.view_id);
         Rc::new(Shard {
             id,
             shards,
@@ -85,12 +131,16 @@ impl Shard {
             stats,
             mesh,
             client,
+            replicator,
             pop_wake: Notify::default(),
             pop_armed_ms: Cell::new(u64::MAX),
             accept_wake: Notify::default(),
             busy: Cell::new(0),
             connections: Cell::new(0),
             shutting_down: Cell::new(false),
+            last_version_us: Cell::new(0),
+            local_peer,
+            view,
             resolved,
         })
     }
@@ -107,153 +157,431 @@ impl Shard {
         self.resolved.config.timers.replica_skew_ms
     }
 
+    /// Tombstones only matter when other nodes can send stale messages.
+    fn keeps_tombstones(&self) -> bool {
+        self.cluster().nodes.len() + self.cluster().leaving.len() > 1
+    }
+
+    fn next_version(&self) -> u64 {
+        let v = clock::unix_us().max(self.last_version_us.get() + 1);
+        self.last_version_us.set(v);
+        v
+    }
+
     fn replication_factor(&self, spec: &TimerSpec) -> usize {
         let asked = spec
             .replication_factor
             .unwrap_or(self.resolved.config.timers.default_replication_factor);
-        (asked as usize).min(self.cluster().nodes.len())
+        (asked as usize).clamp(1, self.cluster().nodes.len())
     }
 
-    /// The replica list, bloom filter and this node's place in it for a unique ID.
-    fn placement(&self, unique: u64, factor: usize) -> (u64, Option<u8>) {
+    fn placement(&self, unique: u64, factor: usize) -> Placement {
         let cluster = self.cluster();
-        let mut replicas = [0usize; crate::cluster::NODES_MAX];
-        let n = cluster.replicas_into(unique, factor, &mut replicas);
-        let bloom = cluster.bloom_of(&replicas[..n]);
-        let index = cluster
+        let mut replicas = [0usize; NODES_MAX];
+        let count = cluster.replicas_into(unique, factor, &mut replicas);
+        let bloom = cluster.bloom_of(&replicas[..count]);
+        let my_index = cluster
             .local
-            .and_then(|me| replicas[..n].iter().position(|r| *r == me))
+            .and_then(|me| replicas[..count].iter().position(|r| *r == me))
             .map(|i| i as u8);
-        (bloom, index)
+        Placement {
+            replicas,
+            count,
+            bloom,
+            my_index,
+        }
     }
 
-    /// `POST /timers`: a new timer with an ID owned by this shard.
+    fn without_me(&self, mask: u64) -> u64 {
+        match self.local_peer {
+            Some(me) => mask & !(1u64 << me),
+            None => mask,
+        }
+    }
+
+    fn client_head(&self, id: TimerId, spec: &TimerSpec, pl: &Placement) -> TimerHead {
+        TimerHead {
+            id,
+            start_ms: clock::now_ms_ceil(),
+            version: self.next_version(),
+            interval_ms: spec.interval_ms,
+            repeat_for_ms: spec.repeat_for_ms,
+            sequence: 0,
+            view: self.view,
+            replica_index: pl.my_index.unwrap_or(0),
+            replication_factor: pl.count as u8,
+        }
+    }
+
+    // ---- client operations (this node took the request) ----
+
+    /// `POST /timers`: a new timer with an ID owned by this shard, stored
+    /// here if this node is a replica (a tombstone otherwise) and replicated
+    /// to the other replicas.
     pub fn create(&self, spec: &TimerSpec) -> Result<TimerId, OpError> {
         let unique = self.store.borrow_mut().ids.next(clock::unix_ms());
-        self.install(unique, spec, true)
-    }
-
-    /// `PUT /timers/<id>` for a timer this shard owns: replace it, or create it.
-    pub fn update(&self, id: TimerId, spec: &TimerSpec) -> Result<TimerId, OpError> {
-        debug_assert_eq!(shard_of(id.unique, self.shards), self.id);
-        self.install(id.unique, spec, false)
-    }
-
-    fn install(&self, unique: u64, spec: &TimerSpec, fresh: bool) -> Result<TimerId, OpError> {
-        let factor = self.replication_factor(spec);
-        let (bloom, replica_index) = self.placement(unique, factor);
-        let id = TimerId { unique, bloom };
-        let now = clock::now_ms_ceil();
-        let (start_ms, sequence, replica_index) = match &spec.replication {
-            // A replica's copy from another node: its clock offset and progress.
-            Some(r) => {
-                let index = r
-                    .replicas
-                    .iter()
-                    .position(|a| *a == self.cluster().local_address)
-                    .map(|i| i as u8)
-                    .or(replica_index)
-                    .unwrap_or(0);
-                let start = (now as i64 + r.start_time_delta_ms).max(0) as u64;
-                (start, r.sequence_number, index)
-            }
-            None => (now, 0, replica_index.unwrap_or(0)),
+        let pl = self.placement(unique, self.replication_factor(spec));
+        let id = TimerId {
+            unique,
+            bloom: pl.bloom,
         };
-        let mut timer = Timer::new(
+        let head = self.client_head(id, spec, &pl);
+        let local = pl.my_index.map(|_| spec);
+        self.apply(head, local, true)?;
+        self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()));
+        Ok(id)
+    }
+
+    /// `PUT /timers/<id>` from a client: the new replicas get the timer, and
+    /// old replicas named by the ID's bloom filter that are no longer
+    /// replicas get it as a tombstone (passive rebalancing, seed 001).
+    pub async fn client_update(
+        &self,
+        id: TimerId,
+        spec: TimerSpec<'_>,
+    ) -> Result<TimerId, OpError> {
+        let pl = self.placement(id.unique, self.replication_factor(&spec));
+        let new_id = TimerId {
+            unique: id.unique,
+            bloom: pl.bloom,
+        };
+        let head = self.client_head(new_id, &spec, &pl);
+        let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(id.bloom));
+        self.replicate_spec(&head, &spec, &pl, targets);
+        let local = pl.my_index.map(|_| spec);
+        self.route_apply(head, local, true).await?;
+        Ok(new_id)
+    }
+
+    /// `DELETE /timers/<id>` from a client: a tombstone here and on every
+    /// node the ID names. Idempotent.
+    pub async fn client_delete(&self, id: TimerId) -> Result<(), OpError> {
+        let head = TimerHead {
             id,
+            start_ms: clock::now_ms_ceil(),
+            version: self.next_version(),
+            interval_ms: 0,
+            repeat_for_ms: 0,
+            sequence: 0,
+            view: self.view,
+            replica_index: 0,
+            replication_factor: 1,
+        };
+        let named = self.cluster().bloom_matches(id.bloom);
+        let targets = self.without_me(named);
+        if targets != 0 {
+            let cluster = self.cluster();
+            let mut names = [""; NODES_MAX];
+            let mut n = 0;
+            for (i, node) in cluster.all_nodes().enumerate() {
+                if named & (1u64 << i) != 0 {
+                    names[n] = &node.address;
+                    n += 1;
+                }
+            }
+            let body = Body {
+                interval_ms: 0,
+                repeat_for_ms: 0,
+                start_time_delta_ms: 0,
+                sequence: 0,
+                version_us: head.version,
+                uri: "",
+                opaque: "",
+                view_id: cluster.view_id,
+                replicas: &names[..n],
+                tags: &[],
+            };
+            self.send_to(targets, id, &body);
+        }
+        self.route_apply(head, None, true).await
+    }
+
+    /// A replication `PUT` from another node (the body names `replicas`):
+    /// applied here under the conflict rules, never forwarded again.
+    pub async fn replica_update(
+        &self,
+        id: TimerId,
+        spec: TimerSpec<'_>,
+    ) -> Result<TimerId, OpError> {
+        let r = spec
+            .replication
+            .as_ref()
+            .expect("replica_update is called for replication bodies");
+        let cluster = self.cluster();
+        let now = clock::now_ms_ceil();
+        let start_ms = (now as i64 + r.start_time_delta_ms).max(0) as u64;
+        let version = r.version_us.unwrap_or_else(|| {
+            (clock::unix_us() as i64 + r.start_time_delta_ms * 1000).max(0) as u64
+        });
+        let my_index = r
+            .replicas
+            .iter()
+            .position(|a| *a == cluster.local_address)
+            .map(|i| i as u8);
+        let bloom = r.replicas.iter().fold(0u64, |b, a| {
+            b | cluster
+                .peer_of(a)
+                .map(|p| cluster.node_at(p).bloom)
+                .unwrap_or_else(|| address_bloom(a))
+        });
+        let view = match r.cluster_view_id.as_deref() {
+            None => self.view,
+            Some(text) => text.parse::<u64>().map(view_fingerprint).unwrap_or(0),
+        };
+        let head = TimerHead {
+            id: TimerId {
+                unique: id.unique,
+                bloom,
+            },
             start_ms,
-            spec.interval_ms,
-            spec.repeat_for_ms,
-            sequence,
-            replica_index,
-            factor as u8,
-            &spec.uri,
-            &spec.opaque,
-        );
-        let mut store = self.store.borrow_mut();
-        if !spec.tags.is_empty() {
-            timer.tags = Some(store.intern_tags(&spec.tags));
-        }
-        let replaced = store.remove(unique);
-        let stats = self.my_stats();
-        debug_assert!(!(fresh && replaced.is_some()), "a fresh ID is never in use");
-        if replaced.is_some() {
-            ShardStats::add(&stats.timers_updated, 1);
+            version,
+            interval_ms: spec.interval_ms,
+            repeat_for_ms: spec.repeat_for_ms,
+            sequence: r.sequence_number,
+            view,
+            replica_index: my_index.unwrap_or(0),
+            replication_factor: r.replicas.len().min(u8::MAX as usize) as u8,
+        };
+        ShardStats::add(&self.my_stats().replication_received, 1);
+        let local = if my_index.is_some() && !spec.is_tombstone() {
+            Some(spec)
         } else {
-            ShardStats::add(&stats.timers_created, 1);
+            None
+        };
+        self.route_apply(head, local, false).await?;
+        Ok(head.id)
+    }
+
+    /// Send the replication message for a client operation to `targets`.
+    fn replicate_spec(&self, head: &TimerHead, spec: &TimerSpec, pl: &Placement, targets: u64) {
+        if targets == 0 {
+            return;
         }
-        if spec.is_tombstone() || !timer.has_next_pop() {
-            // Nothing will ever pop (repeat-for below interval, or a tombstone
-            // on a single node): the answer is still 200, as in the reference.
-            stats
-                .timers_pending
-                .store(store.len() as i64, Ordering::Relaxed);
-            return Ok(id);
+        let cluster = self.cluster();
+        let mut names = [""; NODES_MAX];
+        for (slot, &r) in names.iter_mut().zip(&pl.replicas[..pl.count]) {
+            *slot = &cluster.nodes[r].address;
         }
-        if store.len() >= self.resolved.config.timers.timers_per_shard_max {
+        let mut tags = [("", 0u32); TAGS_MAX];
+        let tag_count = spec.tags.len().min(TAGS_MAX);
+        for (slot, (name, count)) in tags.iter_mut().zip(&spec.tags) {
+            *slot = (name.as_ref(), *count);
+        }
+        let body = Body {
+            interval_ms: head.interval_ms,
+            repeat_for_ms: head.repeat_for_ms,
+            start_time_delta_ms: head.start_ms as i64 - clock::now_ms() as i64,
+            sequence: head.sequence,
+            version_us: head.version,
+            uri: &spec.uri,
+            opaque: &spec.opaque,
+            view_id: cluster.view_id,
+            replicas: &names[..pl.count],
+            tags: &tags[..tag_count],
+        };
+        self.send_to(targets, head.id, &body);
+    }
+
+    fn send_to(&self, targets: u64, id: TimerId, body: &Body<'_>) {
+        let mut rest = targets;
+        while rest != 0 {
+            let peer = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            self.replicator.send(peer, id, body);
+        }
+    }
+
+    /// After a successful callback: tell the other replicas that pop
+    /// `sequence` is done (or, after the final pop, send them a tombstone),
+    /// so that they skip it. Nothing is sent when the timer has since been
+    /// replaced or deleted: that operation replicated itself.
+    pub fn replicate_pop(&self, unique: u64, version: u64, sequence: u32) {
+        let store = self.store.borrow();
+        let Some((_, t)) = store.get(unique) else {
+            return;
+        };
+        if t.version != version || t.sequence != sequence {
+            return;
+        }
+        let pl = self.placement(unique, t.replication_factor as usize);
+        let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
+        if targets == 0 {
+            return;
+        }
+        let cluster = self.cluster();
+        let mut names = [""; NODES_MAX];
+        for (slot, &r) in names.iter_mut().zip(&pl.replicas[..pl.count]) {
+            *slot = &cluster.nodes[r].address;
+        }
+        let mut tags = [("", 0u32); TAGS_MAX];
+        let mut tag_count = 0;
+        for (slot, (index, count)) in tags.iter_mut().zip(t.tags()) {
+            *slot = (store.tag_name(index), count);
+            tag_count += 1;
+        }
+        let body = Body {
+            interval_ms: t.interval_ms,
+            repeat_for_ms: t.repeat_for_ms,
+            start_time_delta_ms: t.start_ms as i64 - clock::now_ms() as i64,
+            sequence: t.sequence,
+            version_us: t.version,
+            uri: t.uri(),
+            opaque: t.opaque(),
+            view_id: cluster.view_id,
+            replicas: &names[..pl.count],
+            tags: &tags[..tag_count],
+        };
+        self.send_to(targets, t.id(), &body);
+    }
+
+    // ---- the store (runs on the owning shard) ----
+
+    /// The conflict rules between a stored incarnation and an incoming one
+    /// from another node: the current cluster view beats an old one; then
+    /// the newer version (client operation) wins; then the higher sequence
+    /// (more pops done); at a tie a tombstone beats a live copy. A client
+    /// operation on this node always wins and does not come here.
+    fn replaces(&self, new: &TimerHead, new_tomb: bool, old: &TimerHead, old_tomb: bool) -> bool {
+        if new.view != old.view {
+            if new.view == self.view {
+                return true;
+            }
+            if old.view == self.view {
+                return false;
+            }
+        }
+        if new.version != old.version {
+            return new.version > old.version;
+        }
+        if new.sequence != old.sequence {
+            return new.sequence > old.sequence;
+        }
+        new_tomb && !old_tomb
+    }
+
+    /// How long a tombstone is kept: one more interval, plus every
+    /// replica's skew, so stale messages from slower replicas find it.
+    pub fn tombstone_life_ms(&self, t: &Timer) -> u64 {
+        let interval = if t.interval_ms == 0 {
+            TOMBSTONE_MS_DEFAULT
+        } else {
+            t.interval_ms as u64
+        };
+        interval + self.skew_ms() * t.replication_factor.max(1) as u64
+    }
+
+    /// Store an incarnation (`spec: None` or an empty callback: a tombstone)
+    /// on the shard that owns its ID.
+    pub fn apply(
+        &self,
+        head: TimerHead,
+        spec: Option<&TimerSpec>,
+        from_client: bool,
+    ) -> Result<(), OpError> {
+        debug_assert_eq!(shard_of(head.id.unique, self.shards), self.id);
+        let unique = head.id.unique;
+        let tombstone = spec.is_none_or(|s| s.is_tombstone());
+        let mut store = self.store.borrow_mut();
+        let stats = self.my_stats();
+        let existing = store
+            .get(unique)
+            .map(|(due, t)| (due, t.head(), t.is_tombstone()));
+        if let Some((_, old, old_tomb)) = &existing {
+            if !from_client && !self.replaces(&head, tombstone, old, *old_tomb) {
+                ShardStats::add(&stats.replication_stale, 1);
+                return Ok(());
+            }
+        } else if store.len() >= self.resolved.config.timers.timers_per_shard_max {
             return Err(OpError::new(
                 503,
                 "timer capacity of this shard is exhausted",
             ));
         }
-        let due = timer.next_pop_ms(self.skew_ms());
+        let mut timer = match spec {
+            Some(s) if !tombstone => {
+                let mut tags = [(0u32, 0u32); TAGS_MAX];
+                let n = if s.tags.is_empty() {
+                    0
+                } else {
+                    store.intern_tags(&s.tags, &mut tags)
+                };
+                Timer::new(head, &s.uri, &s.opaque, &tags[..n])
+            }
+            _ => Timer::new(head, "", "", &[]),
+        };
+        let old = store.remove(unique);
+        let old_live = old.as_ref().is_some_and(|t| !t.is_tombstone());
+        if from_client {
+            match (tombstone, old_live) {
+                (false, false) => ShardStats::add(&stats.timers_created, 1),
+                (false, true) => ShardStats::add(&stats.timers_updated, 1),
+                (true, true) => ShardStats::add(&stats.timers_deleted, 1),
+                (true, false) => {}
+            }
+        }
+        let now = clock::now_ms();
+        let due = if timer.is_tombstone() || !timer.has_next_pop() {
+            if !self.keeps_tombstones() {
+                self.refresh_gauges(&store);
+                return Ok(());
+            }
+            if !timer.is_tombstone() {
+                timer = timer.to_tombstone();
+            }
+            if timer.interval_ms == 0 {
+                if let Some(o) = &old {
+                    timer.interval_ms = o.interval_ms;
+                    timer.repeat_for_ms = o.repeat_for_ms;
+                    timer.replication_factor = o.replication_factor;
+                }
+            }
+            let old_due = existing.map(|(d, _, _)| d).unwrap_or(0);
+            old_due.max(now) + self.tombstone_life_ms(&timer)
+        } else {
+            timer.next_pop_ms(self.skew_ms())
+        };
         store.insert(due, timer);
-        stats
-            .timers_pending
-            .store(store.len() as i64, Ordering::Relaxed);
+        self.refresh_gauges(&store);
         drop(store);
         if due < self.pop_armed_ms.get() {
             self.pop_wake.notify();
         }
-        Ok(id)
+        Ok(())
     }
 
-    /// `DELETE /timers/<id>` for a timer this shard owns. Idempotent.
-    pub fn delete(&self, id: TimerId) {
-        let mut store = self.store.borrow_mut();
-        if store.remove(id.unique).is_some() {
-            ShardStats::add(&self.my_stats().timers_deleted, 1);
-        }
-        self.my_stats()
+    pub fn refresh_gauges(&self, store: &Store) {
+        let stats = self.my_stats();
+        stats
             .timers_pending
             .store(store.len() as i64, Ordering::Relaxed);
+        stats
+            .tombstones
+            .store(store.tombstones() as i64, Ordering::Relaxed);
     }
 
-    /// Run a `PUT` where the timer lives: here, or on its owner over the mesh.
-    pub async fn route_update(&self, id: TimerId, spec: TimerSpec<'_>) -> Result<TimerId, OpError> {
-        let owner = shard_of(id.unique, self.shards);
+    /// Apply where the timer lives: here, or on its owner over the mesh.
+    pub async fn route_apply(
+        &self,
+        head: TimerHead,
+        spec: Option<TimerSpec<'_>>,
+        from_client: bool,
+    ) -> Result<(), OpError> {
+        let owner = shard_of(head.id.unique, self.shards);
         if owner == self.id {
-            return self.update(id, &spec);
+            return self.apply(head, spec.as_ref(), from_client);
         }
         ShardStats::add(&self.my_stats().mesh_forwarded, 1);
         match self
             .mesh
-            .ask(owner, |reply| MeshMsg::Update {
-                id,
-                spec: spec.into_owned(),
+            .ask(owner, |reply| MeshMsg::Apply {
+                head,
+                spec: spec.map(|s| Box::new(s.into_owned())),
+                from_client,
                 reply,
             })
             .await
         {
-            Some(Reply::Timer(r)) => r,
-            _ => Err(OpError::new(503, "owning shard is unavailable")),
-        }
-    }
-
-    /// Run a `DELETE` where the timer lives.
-    pub async fn route_delete(&self, id: TimerId) -> Result<(), OpError> {
-        let owner = shard_of(id.unique, self.shards);
-        if owner == self.id {
-            self.delete(id);
-            return Ok(());
-        }
-        ShardStats::add(&self.my_stats().mesh_forwarded, 1);
-        match self
-            .mesh
-            .ask(owner, |reply| MeshMsg::Delete { id, reply })
-            .await
-        {
-            Some(Reply::Done) => Ok(()),
+            Some(Reply::Applied(r)) => r,
             _ => Err(OpError::new(503, "owning shard is unavailable")),
         }
     }
@@ -282,12 +610,17 @@ impl Shard {
     /// Serve one message from another shard.
     pub fn handle_mesh(&self, msg: MeshMsg) {
         match msg {
-            MeshMsg::Update { id, spec, reply } => {
-                let _ = reply.send(Reply::Timer(self.update(id, &spec)));
-            }
-            MeshMsg::Delete { id, reply } => {
-                self.delete(id);
-                let _ = reply.send(Reply::Done);
+            MeshMsg::Apply {
+                head,
+                spec,
+                from_client,
+                reply,
+            } => {
+                let _ = reply.send(Reply::Applied(self.apply(
+                    head,
+                    spec.as_deref(),
+                    from_client,
+                )));
             }
             MeshMsg::Tags { reply } => {
                 let _ = reply.send(Reply::Tags(self.store.borrow().tag_values()));

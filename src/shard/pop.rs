@@ -29,20 +29,28 @@ pub async fn pop_loop(shard: Rc<Shard>) {
             .borrow_mut()
             .poll(now, POPS_PER_TURN_MAX, &mut due);
         if fired > 0 {
-            ShardStats::add(&shard.my_stats().timers_popped, fired as u64);
+            let stats = shard.my_stats();
             for (_, mut timer) in due.drain(..) {
+                if timer.is_tombstone() {
+                    // Lived out its interval.
+                    ShardStats::add(&stats.tombstones_expired, 1);
+                    continue;
+                }
+                ShardStats::add(&stats.timers_popped, 1);
                 dispatch(&shard, &timer);
                 timer.sequence += 1;
                 if timer.has_next_pop() {
                     let next = timer.next_pop_ms(skew);
                     shard.store.borrow_mut().insert(next, timer);
+                } else if shard.cluster().nodes.len() + shard.cluster().leaving.len() > 1 {
+                    // The final pop: keep a tombstone one more interval, so
+                    // a stale message cannot bring the timer back.
+                    let tomb = timer.to_tombstone();
+                    let until = now + shard.tombstone_life_ms(&tomb);
+                    shard.store.borrow_mut().insert(until, tomb);
                 }
             }
-            let pending = shard.store.borrow().len() as i64;
-            shard
-                .my_stats()
-                .timers_pending
-                .store(pending, Ordering::Relaxed);
+            shard.refresh_gauges(&shard.store.borrow());
         }
         if fired == POPS_PER_TURN_MAX {
             glommio::yield_if_needed().await;
@@ -61,53 +69,54 @@ pub async fn pop_loop(shard: Rc<Shard>) {
     }
 }
 
-/// Start the callback of one pop, bounded by the in-flight limit.
+/// Start the callback of one pop, bounded by the in-flight limit. On
+/// success the pop is replicated to the other replicas; on failure this
+/// node's copy is dropped without replicating, so the next replica pops.
 fn dispatch(shard: &Rc<Shard>, timer: &Timer) {
-    if timer.is_tombstone() {
-        return;
-    }
     let stats = shard.my_stats();
+    let sequence = timer.sequence + 1;
+    let (unique, version) = (timer.unique, timer.version);
     if shard.client.in_flight() >= shard.resolved.config.timers.callback_in_flight_max {
         ShardStats::add(&stats.callbacks_dropped, 1);
         ShardStats::add(&stats.callbacks_failed, 1);
         tracing::warn!(target: "chronos::callback", "callback in-flight bound reached; pop counted as failed");
-        on_failure(shard, timer.unique, timer.start_ms, timer.sequence + 1);
+        on_failure(shard, unique, version, sequence);
         return;
     }
-    let (data, uri_len) = timer.data();
-    let sequence = timer.sequence + 1;
-    let (unique, start_ms) = (timer.unique, timer.start_ms);
+    let (data, uri_at, uri_len) = timer.callback_data();
     let shard = shard.clone();
     glommio::spawn_local(async move {
         let started = Instant::now();
-        let result = shard.client.callback(&data, uri_len, sequence).await;
+        let result = shard
+            .client
+            .callback(&data[uri_at..], uri_len, sequence)
+            .await;
         let stats = shard.my_stats();
         stats.record_callback_latency(started.elapsed().as_micros() as u64);
         match result {
-            Ok(()) => ShardStats::add(&stats.callbacks_succeeded, 1),
+            Ok(()) => {
+                ShardStats::add(&stats.callbacks_succeeded, 1);
+                shard.replicate_pop(unique, version, sequence);
+            }
             Err(e) => {
                 ShardStats::add(&stats.callbacks_failed, 1);
                 tracing::debug!(target: "chronos::callback", "callback {sequence} failed: {e}");
-                on_failure(&shard, unique, start_ms, sequence);
+                on_failure(&shard, unique, version, sequence);
             }
         }
     })
     .detach();
 }
 
-/// A failed callback drops this node's copy (without replicating), so the
-/// next replica pops it: unless the client has replaced the timer meanwhile.
-fn on_failure(shard: &Shard, unique: u64, start_ms: u64, sequence: u32) {
+/// A failed callback drops this node's live copy (without replicating), so
+/// the next replica pops it: unless the timer has been replaced meanwhile.
+fn on_failure(shard: &Shard, unique: u64, version: u64, sequence: u32) {
     let mut store = shard.store.borrow_mut();
     let same = store
         .get(unique)
-        .is_some_and(|(_, t)| t.start_ms == start_ms && t.sequence == sequence);
+        .is_some_and(|(_, t)| t.version == version && t.sequence == sequence && !t.is_tombstone());
     if same {
         store.remove(unique);
-        let pending = store.len() as i64;
-        shard
-            .my_stats()
-            .timers_pending
-            .store(pending, Ordering::Relaxed);
+        shard.refresh_gauges(&store);
     }
 }

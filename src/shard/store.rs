@@ -5,6 +5,7 @@
 //! a bucket): lookups compare the entry's unique ID in the slab.
 
 use crate::timer::id::index_hash;
+use crate::timer::spec::TAGS_MAX;
 use crate::timer::{IdGenerator, Timer};
 use crate::wheel::{Key, Wheel};
 use hashbrown::HashTable;
@@ -22,6 +23,8 @@ pub struct Store {
     tag_lookup: HashMap<String, u32>,
     /// Live timers × count, per tag index.
     tag_values: Vec<i64>,
+    /// Tombstones among the stored entries.
+    tombstones: usize,
 }
 
 impl Store {
@@ -33,6 +36,7 @@ impl Store {
             tag_names: Vec::new(),
             tag_lookup: HashMap::new(),
             tag_values: Vec::new(),
+            tombstones: 0,
         }
     }
 
@@ -42,6 +46,11 @@ impl Store {
 
     pub fn is_empty(&self) -> bool {
         self.wheel.is_empty()
+    }
+
+    /// Stored tombstones (part of `len`).
+    pub fn tombstones(&self) -> usize {
+        self.tombstones
     }
 
     fn find_key(&self, unique: u64) -> Option<Key> {
@@ -63,6 +72,7 @@ impl Store {
     pub fn insert(&mut self, due_ms: u64, timer: Timer) {
         let unique = timer.unique;
         self.count_tags(&timer, 1);
+        self.tombstones += timer.is_tombstone() as usize;
         let key = self.wheel.insert(due_ms, timer);
         let wheel = &self.wheel;
         self.index
@@ -82,6 +92,7 @@ impl Store {
         self.unindex(unique, key.index());
         let timer = self.wheel.cancel(key)?;
         self.count_tags(&timer, -1);
+        self.tombstones -= timer.is_tombstone() as usize;
         Some(timer)
     }
 
@@ -108,19 +119,28 @@ impl Store {
             }
             out.push((due, timer));
         });
-        for (_, timer) in out.iter() {
-            if timer.tags.is_some() {
-                self.count_tags_of(timer.tags.as_deref(), -1);
+        let start = out.len() - fired;
+        for (_, timer) in &out[start..] {
+            if timer.is_tombstone() {
+                self.tombstones -= 1;
+            } else if timer.has_tags() {
+                for (index, count) in timer.tags() {
+                    self.tag_values[index as usize] -= count as i64;
+                }
             }
         }
         fired
     }
 
-    /// Tag names to indices (new names are added, up to `TAG_NAMES_MAX`;
-    /// beyond that a tag is not counted).
-    pub fn intern_tags(&mut self, tags: &[(Cow<'_, str>, u32)]) -> Box<[(u32, u32)]> {
-        let mut out = Vec::with_capacity(tags.len());
-        for (name, count) in tags {
+    /// Tag names to indices, written into `out`; returns how many (new names
+    /// are added, up to `TAG_NAMES_MAX`; beyond that a tag is not counted).
+    pub fn intern_tags(
+        &mut self,
+        tags: &[(Cow<'_, str>, u32)],
+        out: &mut [(u32, u32); TAGS_MAX],
+    ) -> usize {
+        let mut n = 0;
+        for (name, count) in tags.iter().take(TAGS_MAX) {
             let index = match self.tag_lookup.get(name.as_ref()) {
                 Some(i) => *i,
                 None if self.tag_names.len() < TAG_NAMES_MAX => {
@@ -132,20 +152,22 @@ impl Store {
                 }
                 None => continue,
             };
-            out.push((index, *count));
+            out[n] = (index, *count);
+            n += 1;
         }
-        out.into_boxed_slice()
+        n
+    }
+
+    /// The name of an interned tag.
+    pub fn tag_name(&self, index: u32) -> &str {
+        &self.tag_names[index as usize]
     }
 
     fn count_tags(&mut self, timer: &Timer, sign: i64) {
         if !timer.is_tombstone() {
-            self.count_tags_of(timer.tags.as_deref(), sign);
-        }
-    }
-
-    fn count_tags_of(&mut self, tags: Option<&[(u32, u32)]>, sign: i64) {
-        for (index, count) in tags.unwrap_or_default() {
-            self.tag_values[*index as usize] += sign * *count as i64;
+            for (index, count) in timer.tags() {
+                self.tag_values[index as usize] += sign * count as i64;
+            }
         }
     }
 
@@ -162,20 +184,30 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timer::TimerId;
+    use crate::timer::{TimerHead, TimerId};
+
+    fn head(unique: u64) -> TimerHead {
+        TimerHead {
+            id: TimerId { unique, bloom: 0 },
+            start_ms: 0,
+            version: 0,
+            interval_ms: 10,
+            repeat_for_ms: 10,
+            sequence: 0,
+            view: 0,
+            replica_index: 0,
+            replication_factor: 1,
+        }
+    }
 
     fn timer(unique: u64) -> Timer {
-        Timer::new(
-            TimerId { unique, bloom: 0 },
-            0,
-            10,
-            10,
-            0,
-            0,
-            1,
-            "http://a/",
-            "o",
-        )
+        Timer::new(head(unique), "http://a/", "o", &[])
+    }
+
+    fn tagged(s: &mut Store, unique: u64, tag: &str, count: u32) -> Timer {
+        let mut out = [(0, 0); TAGS_MAX];
+        let n = s.intern_tags(&[(Cow::Borrowed(tag), count)], &mut out);
+        Timer::new(head(unique), "http://a/", "o", &out[..n])
     }
 
     #[test]
@@ -205,17 +237,19 @@ mod tests {
     #[test]
     fn tags_count_live_timers() {
         let mut s = Store::new(0, 1, 0, 0);
-        let mut t = timer(1);
-        t.tags = Some(s.intern_tags(&[(Cow::Borrowed("CALL"), 3)]));
+        let t = tagged(&mut s, 1, "CALL", 3);
         s.insert(5, t);
-        let mut t = timer(2);
-        t.tags = Some(s.intern_tags(&[(Cow::Borrowed("CALL"), 1)]));
+        let t = tagged(&mut s, 2, "CALL", 1);
         s.insert(50, t);
+        s.insert(60, timer(3).to_tombstone());
+        assert_eq!(s.tombstones(), 1);
         assert_eq!(s.tag_values(), vec![("CALL".to_string(), 4)]);
         s.remove(2);
         assert_eq!(s.tag_values(), vec![("CALL".to_string(), 3)]);
         let mut out = Vec::new();
         s.poll(10, usize::MAX, &mut out);
         assert_eq!(s.tag_values(), vec![("CALL".to_string(), 0)]);
+        s.poll(100, usize::MAX, &mut out);
+        assert_eq!(s.tombstones(), 0);
     }
 }

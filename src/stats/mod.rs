@@ -17,6 +17,8 @@ macro_rules! counters {
             $(#[doc = $help] pub $name: AtomicU64,)*
             /// Timers pending in this shard's wheel.
             pub timers_pending: AtomicI64,
+            /// Tombstones among them.
+            pub tombstones: AtomicI64,
             /// Open HTTP connections.
             pub connections_open: AtomicI64,
             /// Callback latency histogram (cumulative buckets are built at render).
@@ -44,6 +46,13 @@ counters! {
     http_errors: "HTTP requests answered with a 4xx or 5xx status.",
     connections_rejected: "Connections refused with 503 at the connection bound.",
     mesh_forwarded: "Requests forwarded to the owning shard over the cross-core mesh.",
+    replication_enqueued: "Replication messages queued for a peer.",
+    replication_sent: "Replication messages a peer answered with 2xx.",
+    replication_failed: "Replication messages lost to a timeout, connection error or non-2xx answer.",
+    replication_dropped: "Replication messages dropped because the peer's queue was full.",
+    replication_received: "Replication messages applied from other nodes.",
+    replication_stale: "Replication messages ignored by the conflict rules (an older version).",
+    tombstones_expired: "Tombstones that lived out their interval.",
 }
 
 impl ShardStats {
@@ -76,6 +85,8 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
     }
     let pending: i64 = shards.iter().map(|s| s.timers_pending.load(Relaxed)).sum();
     let _ = writeln!(out, "# HELP chronos_timers_pending Timers (and tombstones) held in the wheels.\n# TYPE chronos_timers_pending gauge\nchronos_timers_pending {pending}");
+    let tombstones: i64 = shards.iter().map(|s| s.tombstones.load(Relaxed)).sum();
+    let _ = writeln!(out, "# HELP chronos_tombstones Tombstones held (deleted or finished timers kept one more interval).\n# TYPE chronos_tombstones gauge\nchronos_tombstones {tombstones}");
     let open: i64 = shards
         .iter()
         .map(|s| s.connections_open.load(Relaxed))

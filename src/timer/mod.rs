@@ -8,63 +8,106 @@ pub use spec::TimerSpec;
 
 use std::rc::Rc;
 
-/// One timer as a shard stores it in its wheel.
-///
-/// Pop times follow the reference: pop `n` (1-based, the `X-Sequence-Number`)
-/// is due at `start + n * interval + replica_index * skew`, and pops continue
-/// while `n * interval <= repeat_for`.
-#[derive(Debug)]
-pub struct Timer {
-    pub unique: u64,
-    pub bloom: u64,
-    /// When the timer (or its last client update) started, on the engine's
-    /// monotonic millisecond clock.
+/// What identifies and schedules one timer incarnation (everything but its
+/// callback bytes and tags).
+#[derive(Clone, Copy, Debug)]
+pub struct TimerHead {
+    pub id: TimerId,
+    /// Engine-clock ms the incarnation started at (pops count from here).
     pub start_ms: u64,
+    /// Wall-clock ms of the client operation that made this incarnation:
+    /// the same on every replica, so replicas can tell incarnations apart.
+    pub version: u64,
     pub interval_ms: u32,
     pub repeat_for_ms: u32,
     /// Pops already done (or known done by another replica).
     pub sequence: u32,
+    /// Fingerprint of the cluster view the timer was placed under.
+    pub view: u32,
     pub replica_index: u8,
     pub replication_factor: u8,
-    /// Length of the URI at the front of `data`.
-    uri_len: u16,
-    /// The callback URI followed by the opaque data. Shared with in-flight
-    /// callbacks, so a pop does not copy it.
-    data: Rc<[u8]>,
-    /// `(tag index, count)` pairs; tag names live in the shard's tag table.
-    pub tags: Option<Box<[(u32, u32)]>>,
 }
 
+thread_local! {
+    static EMPTY: Rc<[u8]> = Rc::from(&[][..]);
+}
+
+/// One timer as a shard stores it in its wheel.
+///
+/// Pop times follow the reference: pop `n` (1-based, the `X-Sequence-Number`)
+/// is due at `start + n * interval + replica_index * skew`, and pops continue
+/// while `n * interval <= repeat_for`. A tombstone (empty URI) never calls
+/// back; it only outlives stale replication messages.
+#[derive(Debug)]
+pub struct Timer {
+    pub unique: u64,
+    pub bloom: u64,
+    pub start_ms: u64,
+    pub version: u64,
+    pub interval_ms: u32,
+    pub repeat_for_ms: u32,
+    pub sequence: u32,
+    pub view: u32,
+    /// Length of the URI inside `data`.
+    uri_len: u16,
+    pub replica_index: u8,
+    pub replication_factor: u8,
+    /// `(tag index, count)` pairs at the front of `data`, 8 bytes each.
+    tag_count: u8,
+    /// Tag pairs, then the callback URI, then the opaque data. Shared with
+    /// in-flight callbacks, so a pop does not copy it.
+    data: Rc<[u8]>,
+}
+
+/// Bytes of one `(tag index, count)` pair in `Timer::data`.
+const TAG_BYTES: usize = 8;
+
 impl Timer {
-    /// A new timer record. `uri.len()` must fit `u16` (the codec caps it).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        id: TimerId,
-        start_ms: u64,
-        interval_ms: u32,
-        repeat_for_ms: u32,
-        sequence: u32,
-        replica_index: u8,
-        replication_factor: u8,
-        uri: &str,
-        opaque: &str,
-    ) -> Timer {
+    /// A new timer record. `uri.len()` must fit `u16` and `tags.len()` `u8`
+    /// (the codec caps both).
+    pub fn new(head: TimerHead, uri: &str, opaque: &str, tags: &[(u32, u32)]) -> Timer {
         assert!(uri.len() <= u16::MAX as usize);
-        let mut data = Vec::with_capacity(uri.len() + opaque.len());
-        data.extend_from_slice(uri.as_bytes());
-        data.extend_from_slice(opaque.as_bytes());
+        assert!(tags.len() <= u8::MAX as usize);
+        let data = if uri.is_empty() && opaque.is_empty() && tags.is_empty() {
+            EMPTY.with(|e| e.clone())
+        } else {
+            let mut data = Vec::with_capacity(tags.len() * TAG_BYTES + uri.len() + opaque.len());
+            for (index, count) in tags {
+                data.extend_from_slice(&index.to_le_bytes());
+                data.extend_from_slice(&count.to_le_bytes());
+            }
+            data.extend_from_slice(uri.as_bytes());
+            data.extend_from_slice(opaque.as_bytes());
+            data.into()
+        };
         Timer {
-            unique: id.unique,
-            bloom: id.bloom,
-            start_ms,
-            interval_ms,
-            repeat_for_ms,
-            sequence,
-            replica_index,
-            replication_factor,
+            unique: head.id.unique,
+            bloom: head.id.bloom,
+            start_ms: head.start_ms,
+            version: head.version,
+            interval_ms: head.interval_ms,
+            repeat_for_ms: head.repeat_for_ms,
+            sequence: head.sequence,
+            view: head.view,
             uri_len: uri.len() as u16,
-            data: data.into(),
-            tags: None,
+            replica_index: head.replica_index,
+            replication_factor: head.replication_factor,
+            tag_count: tags.len() as u8,
+            data,
+        }
+    }
+
+    pub fn head(&self) -> TimerHead {
+        TimerHead {
+            id: self.id(),
+            start_ms: self.start_ms,
+            version: self.version,
+            interval_ms: self.interval_ms,
+            repeat_for_ms: self.repeat_for_ms,
+            sequence: self.sequence,
+            view: self.view,
+            replica_index: self.replica_index,
+            replication_factor: self.replication_factor,
         }
     }
 
@@ -75,23 +118,50 @@ impl Timer {
         }
     }
 
+    fn uri_start(&self) -> usize {
+        self.tag_count as usize * TAG_BYTES
+    }
+
     /// The callback URI (empty for a tombstone).
     pub fn uri(&self) -> &str {
-        std::str::from_utf8(&self.data[..self.uri_len as usize]).expect("stored from a str")
+        let a = self.uri_start();
+        std::str::from_utf8(&self.data[a..a + self.uri_len as usize]).expect("stored from a str")
     }
 
     /// The opaque data.
-    pub fn opaque(&self) -> &[u8] {
-        &self.data[self.uri_len as usize..]
+    pub fn opaque(&self) -> &str {
+        let a = self.uri_start() + self.uri_len as usize;
+        std::str::from_utf8(&self.data[a..]).expect("stored from a str")
     }
 
-    /// The shared callback data (URI, then opaque).
-    pub fn data(&self) -> (Rc<[u8]>, usize) {
-        (self.data.clone(), self.uri_len as usize)
+    /// `(tag index, count)` pairs.
+    pub fn tags(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.data[..self.uri_start()]
+            .chunks_exact(TAG_BYTES)
+            .map(|c| {
+                let index = u32::from_le_bytes(c[..4].try_into().expect("4 bytes"));
+                let count = u32::from_le_bytes(c[4..].try_into().expect("4 bytes"));
+                (index, count)
+            })
+    }
+
+    pub fn has_tags(&self) -> bool {
+        self.tag_count > 0
+    }
+
+    /// The shared callback bytes: the data, where the URI starts, its length.
+    /// The opaque data follows the URI to the end.
+    pub fn callback_data(&self) -> (Rc<[u8]>, usize, usize) {
+        (self.data.clone(), self.uri_start(), self.uri_len as usize)
     }
 
     pub fn is_tombstone(&self) -> bool {
         self.uri_len == 0
+    }
+
+    /// This incarnation as a tombstone (same identity, no callback).
+    pub fn to_tombstone(&self) -> Timer {
+        Timer::new(self.head(), "", "", &[])
     }
 
     /// Whether pop number `sequence + 1` exists.
@@ -110,9 +180,43 @@ impl Timer {
     }
 }
 
+/// A cluster view ID folded to the 32 bits a timer keeps (only compared for
+/// equality).
+pub fn view_fingerprint(view_id: u64) -> u32 {
+    (view_id ^ (view_id >> 32)) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    pub fn head(unique: u64, interval_ms: u32, repeat_for_ms: u32, replica_index: u8) -> TimerHead {
+        TimerHead {
+            id: TimerId { unique, bloom: 0 },
+            start_ms: 0,
+            version: 0,
+            interval_ms,
+            repeat_for_ms,
+            sequence: 0,
+            view: 0,
+            replica_index,
+            replication_factor: 2,
+        }
+    }
+
+    #[test]
+    fn data_layout_round_trips() {
+        let t = Timer::new(head(1, 10, 10, 0), "http://a/b", "xyz", &[(3, 4), (7, 1)]);
+        assert_eq!(t.uri(), "http://a/b");
+        assert_eq!(t.opaque(), "xyz");
+        assert_eq!(t.tags().collect::<Vec<_>>(), vec![(3, 4), (7, 1)]);
+        let (data, at, len) = t.callback_data();
+        assert_eq!(&data[at..at + len], b"http://a/b");
+        assert_eq!(&data[at + len..], b"xyz");
+        let tomb = t.to_tombstone();
+        assert!(tomb.is_tombstone() && !tomb.has_tags());
+        assert_eq!(tomb.opaque(), "");
+    }
 
     #[test]
     fn pop_schedule_table() {
@@ -126,11 +230,12 @@ mod tests {
             (0, 0, 0, &[0]),
         ];
         for &(interval, repeat_for, replica, want) in table {
-            let id = TimerId {
-                unique: 1,
-                bloom: 0,
-            };
-            let mut t = Timer::new(id, 0, interval, repeat_for, 0, replica, 2, "http://a/", "o");
+            let mut t = Timer::new(
+                head(1, interval, repeat_for, replica),
+                "http://a/",
+                "o",
+                &[],
+            );
             let mut got = Vec::new();
             while t.has_next_pop() {
                 got.push(t.next_pop_ms(2000));
@@ -145,6 +250,6 @@ mod tests {
     fn record_size_is_compact() {
         // Budget: the whole wheel entry (timer + links) stays well under 128 bytes.
         let entry = crate::wheel::Wheel::<Timer>::entry_size();
-        assert!(entry <= 104, "wheel entry is {entry} bytes");
+        assert!(entry <= 96, "wheel entry is {entry} bytes");
     }
 }

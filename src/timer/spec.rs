@@ -34,6 +34,8 @@ pub struct TimerSpec<'a> {
 #[derive(Debug, PartialEq)]
 pub struct Replication<'a> {
     pub start_time_delta_ms: i64,
+    /// The incarnation's version, when the sender is a chronos of this project.
+    pub version_us: Option<u64>,
     pub sequence_number: u32,
     pub cluster_view_id: Option<Cow<'a, str>>,
     pub replicas: Vec<Cow<'a, str>>,
@@ -60,6 +62,7 @@ impl TimerSpec<'_> {
             tags: self.tags.into_iter().map(|(t, c)| (own(t), c)).collect(),
             replication: self.replication.map(|r| Replication {
                 start_time_delta_ms: r.start_time_delta_ms,
+                version_us: r.version_us,
                 sequence_number: r.sequence_number,
                 cluster_view_id: r.cluster_view_id.map(own),
                 replicas: r.replicas.into_iter().map(own).collect(),
@@ -92,6 +95,9 @@ struct RawTiming {
     start_time_delta: Option<i64>,
     #[serde(rename = "sequence-number")]
     sequence_number: Option<u32>,
+    /// This project's extension: the incarnation's version (wall-clock µs of
+    /// the client operation that made it), identical on every replica.
+    version: Option<u64>,
 }
 
 /// `callback`: one key naming the mechanism. Only `http` is supported; an
@@ -242,6 +248,7 @@ pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
             }
             Some(Replication {
                 start_time_delta_ms: timing.start_time_delta.unwrap_or(0),
+                version_us: timing.version,
                 sequence_number: timing.sequence_number.unwrap_or(0),
                 cluster_view_id: cluster_view_id.clone(),
                 replicas: replicas.clone(),

@@ -34,7 +34,7 @@ impl Node {
 
     pub fn start_at(ip: &str, port: u16, config: &str) -> Node {
         let dir =
-            std::env::temp_dir().join(format!("chronos-test-{}-{}", std::process::id(), port));
+            std::env::temp_dir().join(format!("chronos-test-{}-{ip}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let config_path = dir.join("chronos.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -83,6 +83,48 @@ impl Node {
         let r = self.request("POST", "/timers", body);
         assert_eq!(r.status, 200, "POST failed: {}", r.text());
         r.location_id()
+    }
+
+    /// Send a signal (SIGKILL, SIGSTOP, SIGCONT, ...).
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// `kill -9`, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// The value of a metric line (`name` or `name{labels}`) from `/metrics`.
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = self.request("GET", "/metrics", "").text();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+    }
+
+    /// Wait until every replication message this node queued has been
+    /// answered or given up on (sent + failed == enqueued).
+    pub fn wait_replication_settled(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let queued = self.metric("chronos_replication_enqueued_total");
+            let done = self.metric("chronos_replication_sent_total")
+                + self.metric("chronos_replication_failed_total");
+            if done >= queued {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replication did not settle: {done} of {queued}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGTERM, and the exit status.
@@ -231,6 +273,8 @@ pub fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
 #[derive(Clone, Debug)]
 pub struct Pop {
     pub at: Instant,
+    /// Whether the sink answered 2xx.
+    pub ok: bool,
     pub path: String,
     pub sequence: u32,
     pub content_type: String,
@@ -245,6 +289,8 @@ pub enum Behaviour {
     Fail,
     /// Accept, read, never answer.
     Hang,
+    /// 500 for the first request to each path, 200 afterwards.
+    FailFirst,
 }
 
 /// A real HTTP callback target on a loopback port.
@@ -348,8 +394,17 @@ fn serve_sink(stream: TcpStream, pops: Arc<(Mutex<Vec<Pop>>, Condvar)>, behaviou
         if reader.read_exact(&mut body).is_err() {
             return;
         }
+        let ok = match behaviour {
+            Behaviour::Ok => true,
+            Behaviour::Fail | Behaviour::Hang => false,
+            Behaviour::FailFirst => {
+                let seen = pops.0.lock().unwrap().iter().any(|p| p.path == path);
+                seen
+            }
+        };
         let pop = Pop {
             at: Instant::now(),
+            ok,
             path,
             sequence,
             content_type,
@@ -362,7 +417,8 @@ fn serve_sink(stream: TcpStream, pops: Arc<(Mutex<Vec<Pop>>, Condvar)>, behaviou
         }
         let answer: &[u8] = match behaviour {
             Behaviour::Ok => b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
-            Behaviour::Fail => {
+            Behaviour::FailFirst if ok => b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            Behaviour::Fail | Behaviour::FailFirst => {
                 b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nnope"
             }
             Behaviour::Hang => {
@@ -384,4 +440,40 @@ pub fn timer_body(interval: &str, repeat_for: Option<&str>, uri: &str, opaque: &
     format!(
         r#"{{"timing":{{"interval":{interval}{repeat}}},"callback":{{"http":{{"uri":"{uri}","opaque":"{opaque}"}}}}}}"#
     )
+}
+
+/// A port free on every loopback address `127.0.0.1..=127.0.0.n`.
+pub fn cluster_port(n: usize) -> u16 {
+    'search: loop {
+        let port = free_port();
+        for i in 2..=n {
+            if TcpListener::bind(format!("127.0.0.{i}:{port}")).is_err() {
+                continue 'search;
+            }
+        }
+        return port;
+    }
+}
+
+/// The config of node `i` (1-based) of an `n`-node loopback cluster.
+pub fn cluster_config(n: usize, i: usize, port: u16, cores: usize, extra: &str) -> String {
+    let nodes: Vec<String> = (1..=n).map(|k| format!("\"127.0.0.{k}:{port}\"")).collect();
+    format!(
+        "[runtime]\ncores = {cores}\n[cluster]\nlocalhost = \"127.0.0.{i}:{port}\"\nnode = [{}]\n{extra}",
+        nodes.join(", ")
+    )
+}
+
+/// Start an `n`-node cluster on `127.0.0.1..=n`, one port.
+pub fn start_cluster(n: usize, cores: usize, extra: &str) -> Vec<Node> {
+    let port = cluster_port(n);
+    (1..=n)
+        .map(|i| {
+            Node::start_at(
+                &format!("127.0.0.{i}"),
+                port,
+                &cluster_config(n, i, port, cores, extra),
+            )
+        })
+        .collect()
 }

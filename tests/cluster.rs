@@ -1,0 +1,283 @@
+//! A redundant cluster as separate processes on 127.0.0.1, .2 and .3 (one
+//! port): replication, skewed backup pops, pop replication, tombstones,
+//! failover after `kill -9`, and a net split made with SIGSTOP/SIGCONT.
+//!
+//! The replica skew is the default 2 s throughout, so every bound below is
+//! `interval + replica_index × 2 s` plus a margin for a loaded 2-core machine.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const SKEW: Duration = Duration::from_secs(2);
+/// Lateness allowed on top of the schedule on a loaded machine.
+const MARGIN: Duration = Duration::from_millis(1500);
+
+fn body(interval: &str, repeat_for: Option<&str>, uri: &str, opaque: &str, factor: u32) -> String {
+    let repeat = repeat_for
+        .map(|r| format!(",\"repeat-for\":{r}"))
+        .unwrap_or_default();
+    format!(
+        r#"{{"timing":{{"interval":{interval}{repeat}}},"callback":{{"http":{{"uri":"{uri}","opaque":"{opaque}"}}}},"reliability":{{"replication-factor":{factor}}}}}"#
+    )
+}
+
+/// The replicas (node numbers, 1-based, primary first) of a timer ID in
+/// the cluster `127.0.0.1..=n` on `port`, by the library's own rule.
+fn replicas_of(id: &str, n: usize, port: u16, factor: usize) -> Vec<usize> {
+    let nodes: Vec<String> = (1..=n).map(|k| format!("127.0.0.{k}:{port}")).collect();
+    let cluster = chronos::cluster::Cluster::new(&nodes[0], &nodes, &[]).unwrap();
+    let unique = u64::from_str_radix(&id[..16], 16).unwrap();
+    cluster
+        .replicas(unique, factor)
+        .into_iter()
+        .map(|i| i + 1)
+        .collect()
+}
+
+/// Pops grouped by path.
+fn by_path(pops: &[Pop]) -> BTreeMap<String, Vec<Pop>> {
+    let mut m: BTreeMap<String, Vec<Pop>> = BTreeMap::new();
+    for p in pops {
+        m.entry(p.path.clone()).or_default().push(p.clone());
+    }
+    m
+}
+
+#[test]
+fn steady_state_pops_exactly_once_with_no_backup_duplicates() {
+    let nodes = start_cluster(3, 2, "");
+    let sink = Sink::start(Behaviour::Ok);
+    let n = 300;
+    let created = Instant::now();
+    for i in 0..n {
+        let node = &nodes[i % 3];
+        node.create(&body("1", None, &sink.uri(&format!("/t/{i}")), "x", 2));
+    }
+    let pops = sink.wait_for(n, Duration::from_secs(1) + MARGIN + Duration::from_secs(5));
+    assert_eq!(pops.len(), n, "every timer pops");
+    // Wait past every backup's skew: no duplicate may follow.
+    std::thread::sleep(SKEW + MARGIN);
+    let pops = sink.pops();
+    let grouped = by_path(&pops);
+    assert_eq!(grouped.len(), n);
+    for (path, list) in &grouped {
+        assert_eq!(list.len(), 1, "{path} popped {} times", list.len());
+        assert_eq!(list[0].sequence, 1);
+        assert!(list[0].at >= created + Duration::from_secs(1));
+    }
+    for node in &nodes {
+        node.wait_replication_settled(Duration::from_secs(5));
+        assert_eq!(node.metric("chronos_replication_failed_total"), 0.0);
+        assert_eq!(node.metric("chronos_replication_dropped_total"), 0.0);
+    }
+    let sent: f64 = nodes
+        .iter()
+        .map(|n| n.metric("chronos_replication_sent_total"))
+        .sum();
+    // Every create reaches its backup, and every pop is replicated.
+    assert!(sent >= (2 * n) as f64, "only {sent} replication messages");
+}
+
+#[test]
+fn kill_9_of_the_node_that_took_the_requests_loses_no_timer() {
+    let mut nodes = start_cluster(3, 1, "");
+    let sink = Sink::start(Behaviour::Ok);
+    let n = 60;
+    let interval = Duration::from_secs(3);
+    let mut created = Vec::new();
+    for i in 0..n {
+        // Taken before the request is sent: the timer starts when it arrives.
+        created.push(Instant::now());
+        nodes[0].create(&body("3", None, &sink.uri(&format!("/k/{i}")), "x", 2));
+    }
+    // Every replica has its copy before the crash.
+    nodes[0].wait_replication_settled(Duration::from_secs(5));
+    assert_eq!(nodes[0].metric("chronos_replication_failed_total"), 0.0);
+    nodes[0].kill9();
+    let pops = sink.wait_for(n, interval + SKEW + MARGIN + Duration::from_secs(3));
+    let grouped = by_path(&pops);
+    assert_eq!(grouped.len(), n, "every timer pops after the crash");
+    for i in 0..n {
+        let list = &grouped[&format!("/k/{i}")];
+        assert_eq!(list.len(), 1, "timer {i} popped {} times", list.len());
+        let late = list[0].at - created[i];
+        assert!(late >= interval, "timer {i} early");
+        assert!(
+            late <= interval + SKEW + MARGIN,
+            "timer {i} popped {late:?} after creation"
+        );
+    }
+}
+
+#[test]
+fn delete_and_update_on_another_node_than_the_create() {
+    let nodes = start_cluster(3, 1, "");
+    let sink = Sink::start(Behaviour::Ok);
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(nodes[0].create(&body("2", None, &sink.uri(&format!("/d/{i}")), "v1", 2)));
+    }
+    for (i, id) in ids.iter().enumerate() {
+        if i % 2 == 0 {
+            let r = nodes[1].request("DELETE", &format!("/timers/{id}"), "");
+            assert_eq!(r.status, 200);
+        } else {
+            let r = nodes[2].request(
+                "PUT",
+                &format!("/timers/{id}"),
+                &body("2", None, &sink.uri(&format!("/d/{i}")), "v2", 2),
+            );
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+    }
+    // Past the updated timers' primary and backup pop times.
+    std::thread::sleep(Duration::from_secs(2) + SKEW + MARGIN + Duration::from_secs(1));
+    let grouped = by_path(&sink.pops());
+    for i in 0..20 {
+        let list = grouped.get(&format!("/d/{i}")).cloned().unwrap_or_default();
+        if i % 2 == 0 {
+            assert!(list.is_empty(), "deleted timer {i} popped: {list:?}");
+        } else {
+            assert_eq!(list.len(), 1, "updated timer {i}: {list:?}");
+            assert_eq!(list[0].body, "v2", "the old version of timer {i} popped");
+        }
+    }
+    // Deletes left tombstones on the replicas.
+    let tombstones: f64 = nodes.iter().map(|n| n.metric("chronos_tombstones")).sum();
+    assert!(tombstones >= 10.0, "only {tombstones} tombstones");
+}
+
+#[test]
+fn repeating_timer_keeps_every_sequence_number_across_a_node_kill() {
+    let mut nodes = start_cluster(3, 1, "");
+    let port = nodes[0].addr.port();
+    let sink = Sink::start(Behaviour::Ok);
+    let id = nodes[0].create(&body("1", Some("6"), &sink.uri("/r"), "x", 2));
+    let primary = replicas_of(&id, 3, port, 2)[0];
+    // Two pops, then the primary dies.
+    let first = sink.wait_for(2, Duration::from_secs(2) + MARGIN + Duration::from_secs(2));
+    assert!(first.len() >= 2);
+    nodes[primary - 1].kill9();
+    // The backup takes over, 2 s behind: pop 6 is due at 6 s + 2 s.
+    let deadline = Instant::now() + Duration::from_secs(6) + SKEW + MARGIN + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        if sink.pops().iter().any(|p| p.sequence == 6) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pops = sink.pops();
+    let seqs: std::collections::BTreeSet<u32> = pops.iter().map(|p| p.sequence).collect();
+    assert_eq!(
+        seqs.into_iter().collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5, 6],
+        "pops: {pops:?}"
+    );
+    // A pop in flight at the kill may repeat its sequence number, nothing more.
+    assert!(pops.len() <= 7, "{} pops", pops.len());
+}
+
+#[test]
+fn three_replicas_with_a_failing_first_callback_pop_once_more_and_no_third() {
+    let nodes = start_cluster(3, 1, "");
+    let sink = Sink::start(Behaviour::FailFirst);
+    let n = 20;
+    for i in 0..n {
+        nodes[i % 3].create(&body("1", None, &sink.uri(&format!("/f/{i}")), "x", 3));
+    }
+    // Primary at 1 s fails, first backup at 3 s succeeds; the second backup
+    // (5 s) must stay silent: wait past it.
+    std::thread::sleep(Duration::from_secs(5) + MARGIN + Duration::from_secs(1));
+    let grouped = by_path(&sink.pops());
+    assert_eq!(grouped.len(), n);
+    for (path, list) in &grouped {
+        let failed = list.iter().filter(|p| !p.ok).count();
+        let ok = list.iter().filter(|p| p.ok).count();
+        assert_eq!((failed, ok), (1, 1), "{path}: {list:?}");
+        let gap = list[1].at - list[0].at;
+        assert!(
+            gap >= SKEW - Duration::from_millis(200),
+            "{path}: the backup popped only {gap:?} after the primary"
+        );
+    }
+}
+
+#[test]
+fn replication_factor_above_the_cluster_size_is_accepted_and_pops_once() {
+    let nodes = start_cluster(3, 1, "");
+    let sink = Sink::start(Behaviour::Ok);
+    let r = nodes[1].request(
+        "POST",
+        "/timers",
+        &body("1", None, &sink.uri("/big"), "x", 7),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // All three nodes are replicas: wait past the last one's skew.
+    std::thread::sleep(Duration::from_secs(1) + SKEW * 2 + MARGIN + Duration::from_secs(1));
+    let pops = sink.pops();
+    assert_eq!(pops.len(), 1, "{pops:?}");
+}
+
+#[test]
+fn net_split_pops_on_both_sides_then_heals_to_single_pops() {
+    let nodes = start_cluster(3, 1, "");
+    let port = nodes[0].addr.port();
+    let sink = Sink::start(Behaviour::Ok);
+    // Created on a node that is not the primary, so that node's later
+    // messages keep flowing while the primary is stopped.
+    let interval_s = 2;
+    let repeat_s = 24;
+    let id = nodes[0].create(&body(
+        &interval_s.to_string(),
+        Some(&repeat_s.to_string()),
+        &sink.uri("/split"),
+        "x",
+        2,
+    ));
+    let replicas = replicas_of(&id, 3, port, 2);
+    let (primary, backup) = (replicas[0], replicas[1]);
+    assert_ne!(primary, backup);
+    sink.wait_for(1, Duration::from_secs(2) + MARGIN + Duration::from_secs(2));
+    nodes[primary - 1].signal(libc::SIGSTOP);
+    let stopped_at = Instant::now();
+    // The backup pops on alone (2 s behind the schedule).
+    let before = sink.pops().len();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sink.pops().len() < before + 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        sink.pops().len() >= before + 2,
+        "the backup did not pop during the split"
+    );
+    nodes[primary - 1].signal(libc::SIGCONT);
+    let resumed = Instant::now();
+    assert!(resumed - stopped_at >= Duration::from_secs(3));
+    // Let the healed pair settle: the primary's next pops reach the backup.
+    std::thread::sleep(Duration::from_secs(3 * interval_s));
+    let settled = Instant::now();
+    std::thread::sleep(Duration::from_secs(3 * interval_s));
+    let pops = sink.pops();
+    // During the split, duplicates are allowed and told apart by sequence
+    // number; after it, each sequence number pops exactly once.
+    let mut after: BTreeMap<u32, usize> = BTreeMap::new();
+    for p in pops.iter().filter(|p| p.at >= settled) {
+        *after.entry(p.sequence).or_default() += 1;
+    }
+    assert!(after.len() >= 2, "pops resumed after the split: {pops:?}");
+    for (seq, count) in &after {
+        assert_eq!(
+            *count, 1,
+            "sequence {seq} popped {count} times after healing: {pops:?}"
+        );
+    }
+    // No sequence number was skipped over the whole run.
+    let last = *after.keys().max().unwrap();
+    let seen: std::collections::BTreeSet<u32> = pops.iter().map(|p| p.sequence).collect();
+    assert_eq!(seen.len() as u32, last, "gap in {seen:?}");
+    let _ = backup;
+}
