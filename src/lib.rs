@@ -11,7 +11,9 @@
 //! - [`shard`]: what one core owns (store, pop loop) and the timer operations.
 //! - [`wheel`]: the hierarchical timing wheel (no I/O, no clock).
 //! - [`timer`]: IDs, the JSON codec, the stored record.
-//! - [`cluster`]: membership, reference-compatible hashing, replica choice.
+//! - [`cluster`]: membership, reference-compatible hashing, replica choice,
+//!   and [`cluster::replicate`] (pipelined per-peer replication queues).
+//! - [`queue`]: the Kafka delay queue on Postgres (seed 004).
 //! - [`stats`]: per-shard counters and the Prometheus rendering.
 //! - [`config`]: the TOML file, flags and environment.
 
@@ -21,6 +23,7 @@ pub mod api;
 pub mod cluster;
 pub mod config;
 pub mod http;
+pub mod queue;
 pub mod runtime;
 pub mod shard;
 pub mod stats;

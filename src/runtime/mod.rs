@@ -105,18 +105,29 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
     let mesh: Option<MeshBuilder<MeshMsg, _>> =
         (shards > 1).then(|| MeshBuilder::full(shards, capacity));
     let bound = Arc::new(AtomicUsize::new(0));
+    let queue = match &resolved.config.queue {
+        Some(q) => Some(crate::queue::QueueShared::start(q, shards)?),
+        None => None,
+    };
     let mut handles = Vec::with_capacity(shards);
     for index in 0..shards {
         let placement = match cores.get(index) {
             Some(core) => Placement::Fixed(core.id),
             None => Placement::Unbound,
         };
-        let (resolved, stats, mesh, bound) =
-            (resolved.clone(), stats.clone(), mesh.clone(), bound.clone());
+        let (resolved, stats, mesh, bound, queue) = (
+            resolved.clone(),
+            stats.clone(),
+            mesh.clone(),
+            bound.clone(),
+            queue.clone(),
+        );
         let handle = LocalExecutorBuilder::new(placement)
             .name(&format!("chronos-{index}"))
             .io_memory(io_memory)
-            .spawn(move || async move { run_shard(index, resolved, stats, mesh, bound).await })
+            .spawn(
+                move || async move { run_shard(index, resolved, stats, mesh, bound, queue).await },
+            )
             .map_err(|e| format!("cannot start executor {index}: {e}"))?;
         handles.push(handle);
     }
@@ -147,6 +158,7 @@ async fn run_shard(
     stats: Arc<[ShardStats]>,
     mesh: Option<MeshBuilder<MeshMsg, glommio::channels::channel_mesh::Full>>,
     bound: Arc<AtomicUsize>,
+    queue: Option<Arc<crate::queue::QueueShared>>,
 ) -> Result<(), String> {
     let (senders, receivers) = match mesh {
         Some(m) => {
@@ -158,7 +170,7 @@ async fn run_shard(
         }
         None => (None, None),
     };
-    let shard = Shard::new(index, resolved.clone(), stats, Mesh::new(senders));
+    let shard = Shard::new(index, resolved.clone(), stats.clone(), Mesh::new(senders));
     let http = &resolved.config.http;
     let addr = format!("{}:{}", http.bind_address, http.bind_port);
     let listener = match TcpListener::bind(addr.as_str()) {
@@ -172,6 +184,9 @@ async fn run_shard(
         mesh::serve(&shard, r);
     }
     glommio::spawn_local(pop_loop(shard.clone())).detach();
+    if let Some(q) = queue {
+        *shard.queue.borrow_mut() = Some(crate::queue::QueueShard::start(q, index, stats));
+    }
     {
         let shard = shard.clone();
         glommio::spawn_local(async move {

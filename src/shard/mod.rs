@@ -91,6 +91,8 @@ pub struct Shard {
     pub busy: Cell<usize>,
     pub connections: Cell<usize>,
     pub shutting_down: Cell<bool>,
+    /// This shard's part of the delay queue, when `[queue]` is configured.
+    pub queue: RefCell<Option<Rc<crate::queue::QueueShard>>>,
     /// The last version handed out (strictly increasing per shard).
     last_version_us: Cell<u64>,
     /// This node's peer index, and the current view's fingerprint.
@@ -138,6 +140,7 @@ impl Shard {
             busy: Cell::new(0),
             connections: Cell::new(0),
             shutting_down: Cell::new(false),
+            queue: RefCell::new(None),
             last_version_us: Cell::new(0),
             local_peer,
             view,

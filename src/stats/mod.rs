@@ -24,6 +24,12 @@ macro_rules! counters {
             /// Callback latency histogram (cumulative buckets are built at render).
             pub callback_latency: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
             pub callback_latency_sum_us: AtomicU64,
+            /// Queue lateness (publish acknowledged minus deadline) histogram.
+            pub queue_lateness: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
+            pub queue_lateness_sum_us: AtomicU64,
+            /// Postgres statement latency histogram (per batch).
+            pub pg_batch: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
+            pub pg_batch_sum_us: AtomicU64,
         }
 
         const COUNTER_HELP: &[(&str, &str)] = &[$((stringify!($name), $help),)*];
@@ -53,6 +59,13 @@ counters! {
     replication_received: "Replication messages applied from other nodes.",
     replication_stale: "Replication messages ignored by the conflict rules (an older version).",
     tombstones_expired: "Tombstones that lived out their interval.",
+    queue_consumed: "Messages consumed from the input topic.",
+    queue_skipped_invalid: "Input messages skipped for a missing or invalid chronos header.",
+    queue_enqueued: "Messages inserted into the queue table.",
+    queue_late: "Messages already due on arrival, published at once.",
+    queue_fired: "Messages published from the table at their deadline.",
+    queue_reset: "Readied messages reset after a suspected node failure.",
+    queue_producer_errors: "Publishes the producer rejected or failed (each is retried).",
 }
 
 impl ShardStats {
@@ -60,14 +73,30 @@ impl ShardStats {
         counter.fetch_add(n, Relaxed);
     }
 
-    pub fn record_callback_latency(&self, us: u64) {
+    fn bucket_of(us: u64) -> usize {
         let ms = us / 1000;
-        let bucket = LATENCY_BUCKETS_MS
+        LATENCY_BUCKETS_MS
             .iter()
             .position(|b| ms < *b)
-            .unwrap_or(LATENCY_BUCKETS_MS.len());
-        self.callback_latency[bucket].fetch_add(1, Relaxed);
+            .unwrap_or(LATENCY_BUCKETS_MS.len())
+    }
+
+    pub fn record_callback_latency(&self, us: u64) {
+        self.callback_latency[Self::bucket_of(us)].fetch_add(1, Relaxed);
         self.callback_latency_sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// Lateness of a fired queue message (early counts as 0).
+    pub fn record_queue_lateness(&self, us: i64) {
+        let us = us.max(0) as u64;
+        self.queue_lateness[Self::bucket_of(us)].fetch_add(1, Relaxed);
+        self.queue_lateness_sum_us.fetch_add(us, Relaxed);
+    }
+
+    pub fn record_pg_batch(&self, took: std::time::Duration) {
+        let us = took.as_micros() as u64;
+        self.pg_batch[Self::bucket_of(us)].fetch_add(1, Relaxed);
+        self.pg_batch_sum_us.fetch_add(us, Relaxed);
     }
 }
 
@@ -92,28 +121,27 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
         .map(|s| s.connections_open.load(Relaxed))
         .sum();
     let _ = writeln!(out, "# HELP chronos_connections_open Open HTTP server connections.\n# TYPE chronos_connections_open gauge\nchronos_connections_open {open}");
-    let _ = writeln!(out, "# HELP chronos_callback_latency_seconds Time from sending a callback to its answer.\n# TYPE chronos_callback_latency_seconds histogram");
-    let mut cumulative = 0u64;
-    for (i, bound) in LATENCY_BUCKETS_MS.iter().enumerate() {
-        cumulative += shards
-            .iter()
-            .map(|s| s.callback_latency[i].load(Relaxed))
-            .sum::<u64>();
-        let _ = writeln!(
-            out,
-            "chronos_callback_latency_seconds_bucket{{le=\"{}\"}} {cumulative}",
-            *bound as f64 / 1000.0
-        );
-    }
-    cumulative += shards
-        .iter()
-        .map(|s| s.callback_latency[LATENCY_BUCKETS_MS.len()].load(Relaxed))
-        .sum::<u64>();
-    let sum_us: u64 = shards
-        .iter()
-        .map(|s| s.callback_latency_sum_us.load(Relaxed))
-        .sum();
-    let _ = writeln!(out, "chronos_callback_latency_seconds_bucket{{le=\"+Inf\"}} {cumulative}\nchronos_callback_latency_seconds_sum {}\nchronos_callback_latency_seconds_count {cumulative}", sum_us as f64 / 1e6);
+    histogram(
+        out,
+        shards,
+        "chronos_callback_latency_seconds",
+        "Time from sending a callback to its answer.",
+        |s| (&s.callback_latency, &s.callback_latency_sum_us),
+    );
+    histogram(
+        out,
+        shards,
+        "chronos_queue_lateness_seconds",
+        "Queue messages: publish acknowledged minus deadline.",
+        |s| (&s.queue_lateness, &s.queue_lateness_sum_us),
+    );
+    histogram(
+        out,
+        shards,
+        "chronos_queue_pg_batch_seconds",
+        "Queue: latency of one batched Postgres statement.",
+        |s| (&s.pg_batch, &s.pg_batch_sum_us),
+    );
     let _ = writeln!(out, "# HELP chronos_tag_count Live timers per statistics tag, times the tag's count.\n# TYPE chronos_tag_count gauge");
     for (tag, value) in tags {
         let escaped = tag
@@ -122,4 +150,41 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
             .replace('\n', "\\n");
         let _ = writeln!(out, "chronos_tag_count{{tag=\"{escaped}\"}} {value}");
     }
+}
+
+type Buckets = [AtomicU64; LATENCY_BUCKETS_MS.len() + 1];
+
+fn histogram(
+    out: &mut String,
+    shards: &[ShardStats],
+    name: &str,
+    help: &str,
+    pick: impl Fn(&ShardStats) -> (&Buckets, &AtomicU64),
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cumulative = 0u64;
+    for i in 0..=LATENCY_BUCKETS_MS.len() {
+        cumulative += shards
+            .iter()
+            .map(|s| pick(s).0[i].load(Relaxed))
+            .sum::<u64>();
+        match LATENCY_BUCKETS_MS.get(i) {
+            Some(bound) => {
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{le=\"{}\"}} {cumulative}",
+                    *bound as f64 / 1000.0
+                );
+            }
+            None => {
+                let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+            }
+        }
+    }
+    let sum_us: u64 = shards.iter().map(|s| pick(s).1.load(Relaxed)).sum();
+    let _ = writeln!(
+        out,
+        "{name}_sum {}\n{name}_count {cumulative}",
+        sum_us as f64 / 1e6
+    );
 }

@@ -2,6 +2,8 @@
 //! talk to it over plain TCP, and receive its callbacks on a real sink.
 #![allow(dead_code)]
 
+pub mod queue;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};

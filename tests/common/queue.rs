@@ -1,0 +1,319 @@
+//! Test support for the delay queue: a real tansu broker process on a free
+//! loopback port, topics of our own, a producer, and an output consumer that
+//! records every message with its arrival time.
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The broker binary: `$CHRONOS_TANSU`, else where `.ci/run` installs it.
+pub fn tansu_path() -> String {
+    if let Ok(p) = std::env::var("CHRONOS_TANSU") {
+        return p;
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let p = format!("{home}/.cache/chronos-ci/tansu/bin/tansu");
+    assert!(
+        std::path::Path::new(&p).exists(),
+        "no Kafka broker: {p} is missing (run .ci/run, which installs tansu, or set CHRONOS_TANSU)"
+    );
+    p
+}
+
+/// A unique suffix for topics and tables.
+pub fn unique(prefix: &str) -> String {
+    let n = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}_{}_{}", std::process::id(), n % 1_000_000_000_000)
+}
+
+/// A running tansu broker with in-memory storage; killed when dropped.
+pub struct Broker {
+    child: Child,
+    pub port: u16,
+}
+
+impl Broker {
+    pub fn start() -> Broker {
+        let port = super::free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(tansu_path())
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "memory://tansu/",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tansu");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Broker { child, port }
+    }
+
+    pub fn brokers(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn create_topic(&self, name: &str, partitions: u32) {
+        let out = Command::new(tansu_path())
+            .args([
+                "topic",
+                "create",
+                "--broker",
+                &format!("tcp://127.0.0.1:{}", self.port),
+                "--partitions",
+                &partitions.to_string(),
+                name,
+            ])
+            .output()
+            .expect("tansu topic create");
+        assert!(
+            out.status.success(),
+            "topic create failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A message to put on the input topic.
+pub struct Input<'a> {
+    pub key: Option<&'a str>,
+    pub value: &'a [u8],
+    pub headers: Vec<(&'a str, &'a str)>,
+}
+
+pub fn producer(brokers: &str) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "1")
+        .create()
+        .expect("producer")
+}
+
+/// Produce and wait until the broker acknowledged everything.
+pub fn produce(p: &BaseProducer, topic: &str, messages: &[Input<'_>]) {
+    for m in messages {
+        let mut headers = OwnedHeaders::new();
+        for (k, v) in &m.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let mut r = BaseRecord::<str, [u8]>::to(topic)
+            .payload(m.value)
+            .headers(headers);
+        if let Some(k) = m.key {
+            r = r.key(k);
+        }
+        let mut r = Some(r);
+        while let Some(rec) = r.take() {
+            if let Err((_, rec)) = p.send(rec) {
+                p.poll(Duration::from_millis(10));
+                r = Some(rec);
+            }
+        }
+    }
+    p.flush(Duration::from_secs(20)).expect("flush");
+}
+
+/// ISO 8601 UTC without a zone (seed 004's form) for `at_ms` Unix ms.
+pub fn iso(at_ms: i64) -> String {
+    let secs = at_ms.div_euclid(1000);
+    let ms = at_ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // civil from days (Howard Hinnant)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// One message seen on the output topic.
+#[derive(Clone, Debug)]
+pub struct Output {
+    pub key: Option<String>,
+    pub value: Vec<u8>,
+    pub headers: Vec<(String, String)>,
+    /// Unix ms when the test's consumer received it.
+    pub at_ms: i64,
+}
+
+impl Output {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Consumes the output topic on a thread, from the beginning.
+pub struct OutputReader {
+    seen: Arc<Mutex<Vec<Output>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl OutputReader {
+    pub fn start(brokers: &str, topic: &str) -> OutputReader {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", unique("reader"))
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "6000")
+            .set("fetch.wait.max.ms", "20")
+            .create()
+            .expect("consumer");
+        consumer.subscribe(&[topic]).expect("subscribe");
+        let seen: Arc<Mutex<Vec<Output>>> = Default::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let mut headers = Vec::new();
+                if let Some(h) = m.headers() {
+                    for i in 0..h.count() {
+                        let hd = h.get(i);
+                        headers.push((
+                            hd.key.to_string(),
+                            String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+                        ));
+                    }
+                }
+                s.lock().unwrap().push(Output {
+                    key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                    value: m.payload().unwrap_or_default().to_vec(),
+                    headers,
+                    at_ms: now_ms(),
+                });
+            }
+        });
+        OutputReader {
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn seen(&self) -> Vec<Output> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Wait for at least `n` messages, up to `timeout`.
+    pub fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Output> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self.seen();
+            if seen.len() >= n || Instant::now() >= deadline {
+                return seen;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for OutputReader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The `[queue]` section for a test.
+pub fn queue_config(brokers: &str, input: &str, output: &str, table: &str, extra: &str) -> String {
+    format!(
+        "[queue]\nkafka-brokers = \"{brokers}\"\ninput-topic = \"{input}\"\noutput-topic = \"{output}\"\nconsumer-group = \"{table}\"\npostgres-url = \"postgres://postgres@127.0.0.1:5432/test\"\ntable = \"{table}\"\n{extra}\n[queue.consumer]\n\"session.timeout.ms\" = 6000\n"
+    )
+}
+
+/// Rows left in a test table.
+pub fn table_rows(table: &str) -> i64 {
+    let out = Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "test",
+            "-tAc",
+            &format!("SELECT count(*) FROM {table}"),
+        ])
+        .output()
+        .expect("psql");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("psql: {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+pub fn psql(sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "test",
+            "-tAc",
+            sql,
+        ])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

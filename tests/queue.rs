@@ -1,0 +1,309 @@
+//! The delay queue end to end: a real tansu broker process, real Postgres on
+//! 127.0.0.1:5432, the real chronos binary. Every test has its own topics,
+//! consumer group and table.
+
+mod common;
+
+use common::queue::*;
+use common::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const ADVANCE_MS: i64 = 50;
+
+struct Setup {
+    broker: Broker,
+    input: String,
+    output: String,
+    table: String,
+}
+
+fn setup(name: &str, partitions: u32) -> Setup {
+    let broker = Broker::start();
+    let input = unique(&format!("{name}_in"));
+    let output = unique(&format!("{name}_out"));
+    broker.create_topic(&input, partitions);
+    broker.create_topic(&output, partitions);
+    let table = unique(&format!("q_{name}"));
+    Setup {
+        broker,
+        input,
+        output,
+        table,
+    }
+}
+
+impl Setup {
+    fn node(&self, extra: &str) -> Node {
+        Node::start(&queue_config(
+            &self.broker.brokers(),
+            &self.input,
+            &self.output,
+            &self.table,
+            extra,
+        ))
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc"])
+            .arg(format!("DROP TABLE IF EXISTS {}", self.table))
+            .output();
+    }
+}
+
+#[test]
+fn relays_key_value_and_headers_at_the_deadline_and_late_ones_at_once() {
+    let s = setup("relay", 2);
+    let node = s.node("");
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let p = producer(&s.broker.brokers());
+    let start = now_ms();
+    // A value that a JSON round trip would change: relayed byte for byte.
+    let value = br#"{"b":1,"a":12345678901234567890123, "x" : [1.0]}"#;
+    let mut deadlines = BTreeMap::new();
+    let mut inputs = Vec::new();
+    let ids: Vec<String> = (0..30).map(|i| format!("m{i}")).collect();
+    let dls: Vec<String> = (0..30)
+        .map(|i| {
+            let at = start + 9_000 + i * 100;
+            deadlines.insert(format!("k{i}"), at);
+            // Every zone form is accepted.
+            match i % 3 {
+                0 => iso(at),
+                1 => format!("{}Z", iso(at)),
+                _ => {
+                    let shifted = iso(at + 3_600_000);
+                    format!("{shifted}+01:00")
+                }
+            }
+        })
+        .collect();
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let traces: Vec<String> = (0..30).map(|i| format!("t{i}")).collect();
+    for i in 0..30 {
+        inputs.push(Input {
+            key: Some(&keys[i]),
+            value,
+            headers: vec![
+                ("chronosMessageId", &ids[i]),
+                ("chronosDeadline", &dls[i]),
+                ("x-trace", &traces[i]),
+            ],
+        });
+    }
+    // Late on arrival: published at once.
+    let late_dl = iso(start - 10_000);
+    for i in 0..5 {
+        inputs.push(Input {
+            key: Some(["late0", "late1", "late2", "late3", "late4"][i]),
+            value: b"late",
+            headers: vec![
+                ("chronosMessageId", ["l0", "l1", "l2", "l3", "l4"][i]),
+                ("chronosDeadline", &late_dl),
+            ],
+        });
+    }
+    produce(&p, &s.input, &inputs);
+    let seen = reader.wait_for(35, Duration::from_secs(30));
+    assert_eq!(
+        seen.len(),
+        35,
+        "messages out: {seen:?}\n{}",
+        node.log_text()
+    );
+    let mut by_key: BTreeMap<String, Vec<Output>> = BTreeMap::new();
+    for o in &seen {
+        by_key
+            .entry(o.key.clone().unwrap())
+            .or_default()
+            .push(o.clone());
+    }
+    for i in 0..5 {
+        let o = &by_key[&format!("late{i}")][0];
+        assert_eq!(o.value, b"late");
+        assert!(
+            o.at_ms < start + 9_000,
+            "a late message waited: {}",
+            o.at_ms - start
+        );
+    }
+    for (i, trace) in traces.iter().enumerate() {
+        let key = format!("k{i}");
+        let list = &by_key[&key];
+        assert_eq!(list.len(), 1, "{key}: {list:?}");
+        let o = &list[0];
+        assert_eq!(o.value, value, "value of {key} changed");
+        assert_eq!(o.header("x-trace"), Some(trace.as_str()));
+        assert!(
+            o.header("chronosMessageId").is_none(),
+            "chronos header relayed"
+        );
+        assert!(
+            o.header("chronosDeadline").is_none(),
+            "chronos header relayed"
+        );
+        let due = deadlines[&key];
+        assert!(
+            o.at_ms >= due - ADVANCE_MS,
+            "{key} published {} ms before its deadline",
+            due - o.at_ms
+        );
+        assert!(o.at_ms <= due + 3_000, "{key} {} ms late", o.at_ms - due);
+    }
+    // Fired rows are deleted once acknowledged.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while table_rows(&s.table) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(table_rows(&s.table), 0);
+    assert_eq!(node.metric("chronos_queue_late_total"), 5.0);
+    assert_eq!(node.metric("chronos_queue_fired_total"), 30.0);
+}
+
+#[test]
+fn duplicates_are_delivered_once_and_bad_headers_are_skipped() {
+    let s = setup("dup", 1);
+    let node = s.node("");
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let p = producer(&s.broker.brokers());
+    let at = now_ms() + 7_000;
+    let dl = iso(at);
+    let inputs = vec![
+        Input {
+            key: Some("dup"),
+            value: b"first",
+            headers: vec![("chronosMessageId", "same"), ("chronosDeadline", &dl)],
+        },
+        Input {
+            key: Some("nohdr"),
+            value: b"x",
+            headers: vec![],
+        },
+        Input {
+            key: Some("noid"),
+            value: b"x",
+            headers: vec![("chronosDeadline", &dl)],
+        },
+        Input {
+            key: Some("garbled"),
+            value: b"x",
+            headers: vec![
+                ("chronosMessageId", "g"),
+                ("chronosDeadline", "next tuesday"),
+            ],
+        },
+        Input {
+            key: Some("dup"),
+            value: b"second",
+            headers: vec![("chronosMessageId", "same"), ("chronosDeadline", &dl)],
+        },
+        Input {
+            key: Some("good"),
+            value: b"after the bad ones",
+            headers: vec![("chronosMessageId", "good"), ("chronosDeadline", &dl)],
+        },
+    ];
+    produce(&p, &s.input, &inputs);
+    let seen = reader.wait_for(2, Duration::from_secs(25));
+    // Wait a little longer for any duplicate to show.
+    std::thread::sleep(Duration::from_secs(2));
+    let seen_all = reader.seen();
+    let keys: Vec<String> = seen_all.iter().map(|o| o.key.clone().unwrap()).collect();
+    assert_eq!(seen.len(), 2, "{keys:?}\n{}", node.log_text());
+    assert_eq!(seen_all.len(), 2, "{keys:?}");
+    assert!(keys.contains(&"dup".to_string()) && keys.contains(&"good".to_string()));
+    let dup = seen_all
+        .iter()
+        .find(|o| o.key.as_deref() == Some("dup"))
+        .unwrap();
+    assert_eq!(dup.value, b"first");
+    assert_eq!(node.metric("chronos_queue_skipped_invalid_total"), 3.0);
+    let log = node.log_text();
+    assert!(log.contains("skipping input message"), "{log}");
+    assert!(
+        log.contains("next tuesday"),
+        "the reason names the bad value: {log}"
+    );
+}
+
+#[test]
+fn a_node_killed_between_readying_and_firing_loses_nothing() {
+    let s = setup("kill", 2);
+    // A claims far ahead, so it holds every message for a while.
+    let mut a = s.node("look-ahead-ms = 4000");
+    let a_id = node_id(&a);
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let p = producer(&s.broker.brokers());
+    let at = now_ms() + 9_000;
+    let dl = iso(at);
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let ids: Vec<String> = (0..40).map(|i| format!("id{i}")).collect();
+    let inputs: Vec<Input> = (0..40)
+        .map(|i| Input {
+            key: Some(&keys[i]),
+            value: b"v",
+            headers: vec![("chronosMessageId", &ids[i]), ("chronosDeadline", &dl)],
+        })
+        .collect();
+    produce(&p, &s.input, &inputs);
+    // Wait until A has readied every message, then kill it before it fires.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let readied: i64 = psql(&format!(
+            "SELECT count(*) FROM {} WHERE readied_by = '{a_id}'",
+            s.table
+        ))
+        .parse()
+        .unwrap();
+        if readied == 40 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "A readied only {readied}\n{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        now_ms() < at - ADVANCE_MS,
+        "A was not killed before the deadline"
+    );
+    a.kill9();
+    assert!(
+        reader.seen().is_empty(),
+        "nothing was fired before the kill"
+    );
+    let b = s.node("");
+    // Reset after the hold time (5 s), then fired by B.
+    let seen = reader.wait_for(40, Duration::from_secs(30));
+    let mut got: Vec<String> = seen.iter().map(|o| o.key.clone().unwrap()).collect();
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), 40, "delivered: {got:?}\n{}", b.log_text());
+    for o in &seen {
+        assert!(o.at_ms >= at - ADVANCE_MS);
+    }
+    let log = b.log_text();
+    assert!(
+        log.contains(&format!("suspected failure of {a_id} for message")),
+        "{log}"
+    );
+    assert_eq!(b.metric("chronos_queue_reset_total"), 40.0);
+}
+
+/// The node ID from a node's start-up log.
+fn node_id(node: &Node) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = node.log_text();
+        if let Some(pos) = log.find("node_id=") {
+            return log[pos + 8..pos + 8 + 36].to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "no node_id in {log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
