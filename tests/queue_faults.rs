@@ -1,0 +1,86 @@
+//! The delay queue across a Postgres outage. In its own test binary: cargo
+//! runs test binaries one after another, so stopping the shared Postgres
+//! here cannot disturb another test.
+
+mod common;
+
+use common::queue::*;
+use common::*;
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn pg_ctl(action: &str) {
+    let versions = std::fs::read_dir("/etc/postgresql").expect("/etc/postgresql");
+    let version = versions
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+        .expect("a Postgres cluster");
+    let out = Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, "main", action])
+        .output()
+        .expect("pg_ctlcluster");
+    assert!(
+        out.status.success() || action == "start",
+        "pg_ctlcluster {action}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts Postgres again however the test ends.
+struct RestartGuard;
+
+impl Drop for RestartGuard {
+    fn drop(&mut self) {
+        pg_ctl("start");
+    }
+}
+
+#[test]
+fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
+    let broker = Broker::start();
+    let input = unique("pgout_in");
+    let output = unique("pgout_out");
+    broker.create_topic(&input, 2);
+    broker.create_topic(&output, 2);
+    let table = unique("q_pgout");
+    let node = Node::start(&queue_config(&broker.brokers(), &input, &output, &table, ""));
+    let reader = OutputReader::start(&broker.brokers(), &output);
+    let p = producer(&broker.brokers());
+    let start = now_ms();
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    let dls: Vec<String> = (0..100).map(|i| iso(start + 9_000 + i * 40)).collect();
+    let batch = |range: std::ops::Range<usize>| -> Vec<Input> {
+        range
+            .map(|i| Input {
+                key: Some(&keys[i]),
+                value: b"v",
+                headers: vec![("chronosMessageId", &keys[i]), ("chronosDeadline", &dls[i])],
+            })
+            .collect()
+    };
+    produce(&p, &input, &batch(0..60));
+    let until = Instant::now() + Duration::from_secs(15);
+    while table_rows(&table) < 60 {
+        assert!(Instant::now() < until, "not enqueued:\n{}", node.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let guard = RestartGuard;
+    pg_ctl("stop");
+    // Messages keep arriving while the database is away.
+    produce(&p, &input, &batch(60..100));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(node.request("GET", "/ping", "").status, 200);
+    pg_ctl("start");
+    drop(guard);
+    let seen = reader.wait_for(100, Duration::from_secs(40));
+    let got: BTreeSet<String> = seen.iter().map(|o| o.key.clone().unwrap()).collect();
+    assert_eq!(got.len(), 100, "lost {}:\n{}", 100 - got.len(), node.log_text());
+    let log = node.log_text();
+    assert!(log.contains("Postgres unavailable"), "{log}");
+    // No hot retry loop: a handful of log lines for the whole outage.
+    let lines = log.lines().filter(|l| l.contains("Postgres unavailable")).count();
+    assert!(lines <= 10, "{lines} lines about the outage");
+    let _ = psql(&format!("DROP TABLE IF EXISTS {table}"));
+}
