@@ -45,7 +45,13 @@ fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
     broker.create_topic(&input, 2);
     broker.create_topic(&output, 2);
     let table = unique("q_pgout");
-    let node = Node::start(&queue_config(&broker.brokers(), &input, &output, &table, ""));
+    let node = Node::start(&queue_config(
+        &broker.brokers(),
+        &input,
+        &output,
+        &table,
+        "",
+    ));
     let reader = OutputReader::start(&broker.brokers(), &output);
     let p = producer(&broker.brokers());
     let start = now_ms();
@@ -76,11 +82,20 @@ fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
     drop(guard);
     let seen = reader.wait_for(100, Duration::from_secs(40));
     let got: BTreeSet<String> = seen.iter().map(|o| o.key.clone().unwrap()).collect();
-    assert_eq!(got.len(), 100, "lost {}:\n{}", 100 - got.len(), node.log_text());
+    assert_eq!(
+        got.len(),
+        100,
+        "lost {}:\n{}",
+        100 - got.len(),
+        node.log_text()
+    );
     let log = node.log_text();
     assert!(log.contains("Postgres unavailable"), "{log}");
     // No hot retry loop: a handful of log lines for the whole outage.
-    let lines = log.lines().filter(|l| l.contains("Postgres unavailable")).count();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("Postgres unavailable"))
+        .count();
     assert!(lines <= 10, "{lines} lines about the outage");
     let _ = psql(&format!("DROP TABLE IF EXISTS {table}"));
 }
