@@ -18,6 +18,10 @@ fn ping_and_unknown_routes() {
     let r = node.request("DELETE", "/ping", "");
     assert_eq!(r.status, 405);
     assert!(r.header("Allow").unwrap().contains("GET"));
+    // Readiness: every shard is listening (no queue configured).
+    let r = node.request("GET", "/ready", "");
+    assert_eq!((r.status, r.text().as_str()), (200, "ready"));
+    assert_eq!(node.request("POST", "/ready", "").status, 405);
 }
 
 #[test]

@@ -58,6 +58,16 @@ impl Drop for Setup {
 fn relays_key_value_and_headers_at_the_deadline_and_late_ones_at_once() {
     let s = setup("relay", 2);
     let node = s.node("");
+    // Ready once Postgres is connected on every shard and the broker answers.
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    while node.request("GET", "/ready", "").status != 200 {
+        assert!(
+            std::time::Instant::now() < until,
+            "never ready: {}",
+            node.request("GET", "/ready", "").text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let reader = OutputReader::start(&s.broker.brokers(), &s.output);
     let p = producer(&s.broker.brokers());
     let start = now_ms();

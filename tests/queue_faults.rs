@@ -72,11 +72,23 @@ fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
         assert!(Instant::now() < until, "not enqueued:\n{}", node.log_text());
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert_eq!(node.request("GET", "/ready", "").status, 200);
     let guard = RestartGuard;
     pg_ctl("stop");
     // Messages keep arriving while the database is away.
     produce(&p, &input, &batch(60..100));
-    std::thread::sleep(Duration::from_secs(2));
+    // Not ready while Postgres is away, yet still serving.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = node.request("GET", "/ready", "");
+        if r.status == 503 {
+            assert!(r.text().contains("Postgres"), "{}", r.text());
+            break;
+        }
+        assert!(Instant::now() < until, "still ready with Postgres down");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(1));
     assert_eq!(node.request("GET", "/ping", "").status, 200);
     pg_ctl("start");
     drop(guard);

@@ -34,6 +34,22 @@ pub async fn handle(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: 
             }
             _ => not_allowed(out, "GET, HEAD", close),
         },
+        "/ready" => match req.method {
+            Method::Get | Method::Head => {
+                let (status, body) = match shard.readiness() {
+                    Ok(()) => (200, "ready".to_string()),
+                    Err(why) => (503, format!("not ready: {why}")),
+                };
+                let body = if req.method == Method::Head {
+                    ""
+                } else {
+                    body.as_str()
+                };
+                write_response(out, status, &[], body.as_bytes(), close);
+                status
+            }
+            _ => not_allowed(out, "GET, HEAD", close),
+        },
         "/metrics" => match req.method {
             Method::Get => {
                 let tags = shard.all_tags().await;

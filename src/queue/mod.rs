@@ -56,6 +56,8 @@ const FIRE_PER_TURN_MAX: usize = 1024;
 const DELETE_BATCH_MAX: usize = 5000;
 /// Rows examined per failure-detection pass.
 const STUCK_BATCH_MAX: i64 = 1000;
+/// How often the consumer thread checks that the broker answers.
+const KAFKA_PROBE_EVERY: Duration = Duration::from_secs(2);
 /// Publish retry backoff.
 const PUBLISH_BACKOFF_MS_MIN: u64 = 100;
 const PUBLISH_BACKOFF_MS_MAX: u64 = 5_000;
@@ -204,7 +206,18 @@ impl QueueShared {
 fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<Inbound>>) {
     let shards = inboxes.len();
     let mut last_error_log: Option<Instant> = None;
+    let mut last_probe: Option<Instant> = None;
     while !SHUTDOWN.load(Ordering::Relaxed) {
+        // Readiness: can the broker be reached? (An idle topic yields no
+        // messages, so ask for metadata now and then.)
+        if last_probe.is_none_or(|t| t.elapsed() >= KAFKA_PROBE_EVERY) {
+            last_probe = Some(Instant::now());
+            let up = shared
+                .consumer
+                .fetch_metadata(Some(&shared.config.input_topic), Duration::from_secs(1))
+                .is_ok();
+            shared.kafka_up.store(up, Ordering::Relaxed);
+        }
         let Some(result) = shared.consumer.poll(Duration::from_millis(100)) else {
             continue;
         };
@@ -299,7 +312,7 @@ impl QueueShard {
     /// Start this shard's queue tasks.
     pub fn start(shared: Arc<QueueShared>, shard: usize, stats: Arc<[ShardStats]>) -> Rc<Self> {
         let q = Rc::new(QueueShard {
-            pg: Pg::new(&shared.config),
+            pg: Pg::new(&shared.config, stats.clone(), shard),
             shared,
             shard,
             stats,

@@ -79,11 +79,20 @@ pub struct Pg {
     failing_since: Cell<Option<Instant>>,
     last_log: Cell<Option<Instant>>,
     pub up: Cell<bool>,
+    /// Mirrors `up` for readiness checks from any shard.
+    pub up_flag: Option<std::sync::Arc<[crate::stats::ShardStats]>>,
+    pub shard: usize,
 }
 
 impl Pg {
-    pub fn new(q: &QueueConfig) -> Pg {
+    pub fn new(
+        q: &QueueConfig,
+        stats: std::sync::Arc<[crate::stats::ShardStats]>,
+        shard: usize,
+    ) -> Pg {
         Pg {
+            up_flag: Some(stats),
+            shard,
             config: q.postgres_url.parse().expect("validated at config load"),
             table: q.table.clone(),
             conn: RefCell::new(None),
@@ -91,6 +100,13 @@ impl Pg {
             failing_since: Cell::new(None),
             last_log: Cell::new(None),
             up: Cell::new(false),
+        }
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.set(up);
+        if let Some(s) = &self.up_flag {
+            s[self.shard].pg_up.store(up, Ordering::Relaxed);
         }
     }
 
@@ -105,7 +121,7 @@ impl Pg {
                     return Some(c);
                 }
                 self.conn.borrow_mut().take();
-                self.up.set(false);
+                self.set_up(false);
             }
             if SHUTDOWN.load(Ordering::Relaxed) {
                 return None;
@@ -121,7 +137,7 @@ impl Pg {
                     if let Some(since) = self.failing_since.take() {
                         tracing::info!(target: "chronos::queue", "Postgres reachable again after {:?}", since.elapsed());
                     }
-                    self.up.set(true);
+                    self.set_up(true);
                     *self.conn.borrow_mut() = Some(c.clone());
                     return Some(c);
                 }
@@ -140,7 +156,7 @@ impl Pg {
         if let Some(c) = self.conn.borrow_mut().take() {
             c.broken.set(true);
         }
-        self.up.set(false);
+        self.set_up(false);
     }
 
     fn failed(&self, e: &str) {

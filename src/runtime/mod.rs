@@ -185,7 +185,8 @@ async fn run_shard(
     }
     glommio::spawn_local(pop_loop(shard.clone())).detach();
     if let Some(q) = queue {
-        *shard.queue.borrow_mut() = Some(crate::queue::QueueShard::start(q, index, stats));
+        *shard.queue.borrow_mut() = Some(crate::queue::QueueShard::start(q.clone(), index, stats));
+        *shard.queue_shared.borrow_mut() = Some(q);
     }
     {
         let shard = shard.clone();
@@ -199,6 +200,7 @@ async fn run_shard(
         })
         .detach();
     }
+    shard.my_stats().up.store(true, Ordering::Relaxed);
     if bound.fetch_add(1, Ordering::SeqCst) + 1 == resolved.shards {
         tracing::info!(
             target: "chronos::runtime",

@@ -93,6 +93,7 @@ pub struct Shard {
     pub shutting_down: Cell<bool>,
     /// This shard's part of the delay queue, when `[queue]` is configured.
     pub queue: RefCell<Option<Rc<crate::queue::QueueShard>>>,
+    pub queue_shared: RefCell<Option<Arc<crate::queue::QueueShared>>>,
     /// The last version handed out (strictly increasing per shard).
     last_version_us: Cell<u64>,
     /// This node's peer index, and the current view's fingerprint.
@@ -141,6 +142,7 @@ impl Shard {
             connections: Cell::new(0),
             shutting_down: Cell::new(false),
             queue: RefCell::new(None),
+            queue_shared: RefCell::new(None),
             last_version_us: Cell::new(0),
             local_peer,
             view,
@@ -586,6 +588,39 @@ impl Shard {
         {
             Some(Reply::Applied(r)) => r,
             _ => Err(OpError::new(503, "owning shard is unavailable")),
+        }
+    }
+
+    /// Readiness: every shard listening and, with `[queue]`, every shard's
+    /// Postgres connection up and the broker answering. `Err` lists what
+    /// is not ready.
+    pub fn readiness(&self) -> Result<(), String> {
+        let mut missing = Vec::new();
+        let down = self
+            .stats
+            .iter()
+            .filter(|s| !s.up.load(Ordering::Relaxed))
+            .count();
+        if down > 0 {
+            missing.push(format!("{down} shard(s) not listening"));
+        }
+        if let Some(q) = self.queue_shared.borrow().as_ref() {
+            let pg_down = self
+                .stats
+                .iter()
+                .filter(|s| !s.pg_up.load(Ordering::Relaxed))
+                .count();
+            if pg_down > 0 {
+                missing.push(format!("Postgres not connected on {pg_down} shard(s)"));
+            }
+            if !q.kafka_up.load(Ordering::Relaxed) {
+                missing.push("Kafka broker not answering".to_string());
+            }
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(missing.join("; "))
         }
     }
 

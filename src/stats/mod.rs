@@ -19,6 +19,10 @@ macro_rules! counters {
             pub timers_pending: AtomicI64,
             /// Tombstones among them.
             pub tombstones: AtomicI64,
+            /// The shard is listening (readiness).
+            pub up: std::sync::atomic::AtomicBool,
+            /// The shard's Postgres connection works (readiness, with `[queue]`).
+            pub pg_up: std::sync::atomic::AtomicBool,
             /// Open HTTP connections.
             pub connections_open: AtomicI64,
             /// Callback latency histogram (cumulative buckets are built at render).
