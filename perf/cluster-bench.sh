@@ -10,9 +10,9 @@ cargo build --release --locked --bin chronos --bin chronos-perf >/dev/null
 stamp="$(date -u +%Y-%m-%d)"
 for r in $(seq 1 "$rounds"); do
   ./target/release/chronos-perf http --nodes 1 --cores 1 --replication-factor 1 \
-    --count "$count" --connections 16 --interval-ms 2000 --name "cluster-single-r$r-$stamp"
+    --count "$count" --connections 16 --interval-ms 3000-13000 --name "cluster-single-r$r-$stamp"
   ./target/release/chronos-perf http --nodes 3 --cores 1 --replication-factor 2 \
-    --count "$count" --connections 16 --interval-ms 2000 --name "cluster-3x-rf2-r$r-$stamp"
+    --count "$count" --connections 16 --interval-ms 3000-13000 --name "cluster-3x-rf2-r$r-$stamp"
 done
 python3 - "$stamp" "$rounds" <<'PY'
 import json, sys

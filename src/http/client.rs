@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 
 /// Idle connections kept per target.
 pub const IDLE_PER_HOST_MAX: usize = 64;
+/// Requests waiting for a connection to a failing target; beyond it they fail at once.
+pub const QUEUED_PER_HOST_MAX: usize = 1024;
+/// How long after a failure a target counts as failing.
+const FAILING_FOR: Duration = Duration::from_secs(2);
 /// Targets with a pool; beyond it, pools with no busy connection are dropped.
 pub const HOSTS_MAX: usize = 4096;
 /// Resolved host names kept, and for how long.
@@ -35,6 +39,10 @@ const READ_CHUNK: usize = 16 * 1024;
 struct HostPool {
     idle: RefCell<Vec<TcpStream>>,
     permits: Semaphore,
+    /// Requests waiting for a connection permit.
+    waiting: Cell<usize>,
+    /// When a request to this target last failed (cleared by a success).
+    failed_at: Cell<Option<Instant>>,
 }
 
 /// A response: status and (when asked for) the body.
@@ -130,15 +138,51 @@ impl Client {
     ) -> Result<Response, String> {
         self.in_flight.set(self.in_flight.get() + 1);
         let _guard = InFlight(&self.in_flight);
+        let addr = future::or(self.resolve(host, port), async {
+            glommio::timer::sleep(self.timeout).await;
+            Err(format!(
+                "cannot resolve {host} within {} ms",
+                self.timeout.as_millis()
+            ))
+        })
+        .await?;
+        let pool = self.pool(addr);
+        // Waiting for a connection is bounded in time (the timeout) and,
+        // for a target that has just failed, in count (`QUEUED_PER_HOST_MAX`):
+        // a dead target fails fast instead of taking every in-flight slot
+        // from the others, while a busy live one is waited for.
+        let failing = pool
+            .failed_at
+            .get()
+            .is_some_and(|t| t.elapsed() < FAILING_FOR);
+        if failing && pool.waiting.get() >= QUEUED_PER_HOST_MAX {
+            return Err(format!(
+                "{addr} is failing and {QUEUED_PER_HOST_MAX} requests already wait for it"
+            ));
+        }
+        pool.waiting.set(pool.waiting.get() + 1);
+        let permit = future::or(
+            async {
+                pool.permits
+                    .acquire_permit(1)
+                    .await
+                    .map_err(|e| format!("connection pool closed: {e}"))
+            },
+            async {
+                glommio::timer::sleep(self.timeout).await;
+                Err(format!(
+                    "no connection to {addr} free within {} ms",
+                    self.timeout.as_millis()
+                ))
+            },
+        )
+        .await;
+        pool.waiting.set(pool.waiting.get() - 1);
+        let _permit = permit?;
+        // The timeout of the request itself starts when it is sent (seed
+        // 000: a callback must complete within 2 s of being sent).
         let deadline = Instant::now() + self.timeout;
         let work = async {
-            let addr = self.resolve(host, port).await?;
-            let pool = self.pool(addr);
-            let _permit = pool
-                .permits
-                .acquire_permit(1)
-                .await
-                .map_err(|e| format!("connection pool closed: {e}"))?;
             let mut out = self.take_buffer();
             build_request(&mut out, method, path, authority, headers, body);
             // A pooled connection may have been closed by the peer: one retry
@@ -150,7 +194,10 @@ impl Client {
                 let idle = pool.idle.borrow_mut().pop();
                 let (mut stream, reused) = match idle {
                     Some(s) => (s, true),
-                    None => (self.connect(addr, deadline).await?, false),
+                    None => match self.connect(addr, deadline).await {
+                        Ok(s) => (s, false),
+                        Err(e) => break Err(e),
+                    },
                 };
                 match exchange(&mut stream, &out, method == "HEAD", want_body).await {
                     Ok((response, keep)) => {
@@ -176,7 +223,9 @@ impl Client {
             glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
             Err(format!("no answer within {} ms", self.timeout.as_millis()))
         };
-        future::or(work, timeout).await
+        let result = future::or(work, timeout).await;
+        pool.failed_at.set(result.is_err().then(Instant::now));
+        result
     }
 
     async fn connect(&self, addr: SocketAddr, deadline: Instant) -> Result<TcpStream, String> {
@@ -201,6 +250,8 @@ impl Client {
         let pool = Rc::new(HostPool {
             idle: RefCell::new(Vec::new()),
             permits: Semaphore::new(self.per_host_max as u64),
+            waiting: Cell::new(0),
+            failed_at: Cell::new(None),
         });
         pools.insert(addr, pool.clone());
         pool

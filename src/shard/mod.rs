@@ -83,6 +83,8 @@ pub struct Shard {
     pub replicator: Replicator,
     /// Wakes the pop loop when a timer due before its current sleep arrives.
     pub pop_wake: Notify,
+    /// Set while the pop loop waits for a free callback slot.
+    pub pop_blocked: Cell<bool>,
     /// The deadline the pop loop sleeps until (`u64::MAX`: idle).
     pub pop_armed_ms: Cell<u64>,
     /// Wakes the accept loop at shutdown.
@@ -136,6 +138,7 @@ impl Shard {
             client,
             replicator,
             pop_wake: Notify::default(),
+            pop_blocked: Cell::new(false),
             pop_armed_ms: Cell::new(u64::MAX),
             accept_wake: Notify::default(),
             busy: Cell::new(0),

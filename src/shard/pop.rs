@@ -19,15 +19,26 @@ const IDLE_SLEEP_MS: u64 = 100;
 pub async fn pop_loop(shard: Rc<Shard>) {
     let mut due: Vec<(u64, Timer)> = Vec::with_capacity(POPS_PER_TURN_MAX);
     let skew = shard.resolved.config.timers.replica_skew_ms;
+    let in_flight_max = shard.resolved.config.timers.callback_in_flight_max;
     loop {
         if shard.shutting_down.get() || SHUTDOWN.load(Ordering::Relaxed) {
             return;
         }
+        // Backpressure: with every callback slot taken, due timers stay in
+        // the wheel (late, not lost) until a callback finishes.
+        let room = in_flight_max.saturating_sub(shard.client.in_flight());
+        if room == 0 {
+            shard.pop_blocked.set(true);
+            future::or(
+                shard.pop_wake.wait(),
+                glommio::timer::sleep(std::time::Duration::from_millis(IDLE_SLEEP_MS)),
+            )
+            .await;
+            continue;
+        }
+        let limit = POPS_PER_TURN_MAX.min(room);
         let now = clock::now_ms();
-        let fired = shard
-            .store
-            .borrow_mut()
-            .poll(now, POPS_PER_TURN_MAX, &mut due);
+        let fired = shard.store.borrow_mut().poll(now, limit, &mut due);
         if fired > 0 {
             let stats = shard.my_stats();
             for (_, mut timer) in due.drain(..) {
@@ -52,7 +63,7 @@ pub async fn pop_loop(shard: Rc<Shard>) {
             }
             shard.refresh_gauges(&shard.store.borrow());
         }
-        if fired == POPS_PER_TURN_MAX {
+        if fired == limit {
             glommio::yield_if_needed().await;
             continue;
         }
@@ -69,7 +80,8 @@ pub async fn pop_loop(shard: Rc<Shard>) {
     }
 }
 
-/// Start the callback of one pop, bounded by the in-flight limit. On
+/// Start the callback of one pop, bounded by the in-flight limit (the pop
+/// loop only takes as many due timers as there are free slots). On
 /// success the pop is replicated to the other replicas; on failure this
 /// node's copy is dropped without replicating, so the next replica pops.
 fn dispatch(shard: &Rc<Shard>, timer: &Timer) {
@@ -93,6 +105,9 @@ fn dispatch(shard: &Rc<Shard>, timer: &Timer) {
             .await;
         let stats = shard.my_stats();
         stats.record_callback_latency(started.elapsed().as_micros() as u64);
+        if shard.pop_blocked.replace(false) {
+            shard.pop_wake.notify();
+        }
         match result {
             Ok(()) => {
                 ShardStats::add(&stats.callbacks_succeeded, 1);
