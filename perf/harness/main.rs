@@ -626,6 +626,27 @@ fn http_mode(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// `(le, cumulative count)` of one histogram from a node's `/metrics`.
+fn scrape(addr: SocketAddr, metric: &str) -> Vec<(String, u64)> {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return Vec::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    );
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.lines()
+        .filter_map(|l| l.strip_prefix(metric))
+        .filter_map(|rest| {
+            let le = rest.split('"').nth(1)?.to_string();
+            let n = rest.rsplit(' ').next()?.parse().ok()?;
+            Some((le, n))
+        })
+        .collect()
+}
+
 // ---- queue mode ----
 
 fn tansu_path() -> String {
@@ -849,6 +870,8 @@ fn queue_mode(a: &Args) -> Result<(), String> {
     stop.store(true, Ordering::Relaxed);
     let _ = reader.join();
     let noise = noise.finish();
+    // The engine's own view: publish acknowledged minus deadline.
+    let engine = scrape(nodes.addrs[0], "chronos_queue_lateness_seconds_bucket");
     drop(nodes);
     let arrivals = arrivals.lock().unwrap().clone();
     let t = tally(&schedule, &arrivals);
@@ -883,7 +906,13 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         "{:<18} {:>46} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
         "1 ms sleep noise", "", ns.p50_ms, ns.p99_ms, ns.p999_ms, ns.max_ms
     );
+    let buckets: Vec<String> = engine.iter().map(|(le, n)| format!("≤{le}s:{n}")).collect();
+    println!(
+        "engine (publish acknowledged - deadline), cumulative: {}",
+        buckets.join(" ")
+    );
     let json = serde_json::json!({
+        "engine_ack_lateness_buckets": engine.iter().map(|(le, n)| serde_json::json!({"le_s": le, "count": n})).collect::<Vec<_>>(),
         "mode": "queue", "name": name, "unix_ms": unix_us() / 1000, "machine": machine(),
         "params": { "rate": rate, "duration_s": duration_s, "delay_ms": delay_ms, "partitions": partitions, "cores": cores },
         "produced_per_s": total as f64 / produce_secs, "delivered_per_s": out_rate,
