@@ -1,6 +1,7 @@
-//! The delay queue across a Postgres outage. In its own test binary: cargo
-//! runs test binaries one after another, so stopping the shared Postgres
-//! here cannot disturb another test.
+//! The delay queue across a Postgres outage and a broker restart. In its own
+//! test binary: cargo runs test binaries one after another, so stopping the
+//! shared Postgres here cannot disturb another test; within the binary the
+//! tests take turns (`SERIAL`).
 
 mod common;
 
@@ -28,6 +29,9 @@ fn pg_ctl(action: &str) {
     );
 }
 
+/// One fault at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Starts Postgres again however the test ends.
 struct RestartGuard;
 
@@ -39,6 +43,7 @@ impl Drop for RestartGuard {
 
 #[test]
 fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let broker = Broker::start();
     let input = unique("pgout_in");
     let output = unique("pgout_out");
@@ -109,5 +114,83 @@ fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
         .filter(|l| l.contains("Postgres unavailable"))
         .count();
     assert!(lines <= 10, "{lines} lines about the outage");
+    let _ = psql(&format!("DROP TABLE IF EXISTS {table}"));
+}
+
+#[test]
+fn a_broker_outage_and_restart_loses_nothing() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut broker = Broker::start();
+    let port = broker.port;
+    let input = unique("kout_in");
+    let output = unique("kout_out");
+    broker.create_topic(&input, 1);
+    broker.create_topic(&output, 1);
+    let table = unique("q_kout");
+    let node = Node::start(&queue_config(
+        &broker.brokers(),
+        &input,
+        &output,
+        &table,
+        "",
+    ));
+    let p = producer(&broker.brokers());
+    let due = now_ms() + 8_000;
+    let dl = iso(due);
+    let keys: Vec<String> = (0..30).map(|i| format!("b{i}")).collect();
+    let inputs: Vec<Input> = keys
+        .iter()
+        .map(|k| Input {
+            key: Some(k),
+            value: b"v",
+            headers: vec![("chronosMessageId", k), ("chronosDeadline", &dl)],
+        })
+        .collect();
+    produce(&p, &input, &inputs);
+    drop(p);
+    let until = Instant::now() + Duration::from_secs(15);
+    while table_rows(&table) < 30 {
+        assert!(Instant::now() < until, "not enqueued:\n{}", node.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The broker dies before the deadline and stays away past it.
+    broker.kill();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = node.request("GET", "/ready", "");
+        if r.status == 503 {
+            assert!(r.text().contains("Kafka"), "{}", r.text());
+            break;
+        }
+        assert!(Instant::now() < until, "still ready with the broker down");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    while now_ms() < due + 2_000 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(node.request("GET", "/ping", "").status, 200);
+    assert_eq!(table_rows(&table), 30, "nothing is deleted unacknowledged");
+    // A new broker on the same address (memory storage: topics again).
+    let broker = Broker::start_on(port);
+    broker.create_topic(&input, 1);
+    broker.create_topic(&output, 1);
+    let reader = OutputReader::start(&broker.brokers(), &output);
+    let seen = reader.wait_for(30, Duration::from_secs(40));
+    let got: BTreeSet<String> = seen.iter().map(|o| o.key.clone().unwrap()).collect();
+    assert_eq!(
+        got.len(),
+        30,
+        "lost {}:\n{}",
+        30 - got.len(),
+        node.log_text()
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    while table_rows(&table) > 0 {
+        assert!(
+            Instant::now() < until,
+            "rows left after the acknowledgements"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = psql(&format!("DROP TABLE IF EXISTS {table}"));
 }

@@ -42,7 +42,11 @@ pub struct Broker {
 
 impl Broker {
     pub fn start() -> Broker {
-        let port = super::free_port();
+        Self::start_on(super::free_port())
+    }
+
+    /// Start on a given port (a restart after `kill`).
+    pub fn start_on(port: u16) -> Broker {
         let url = format!("tcp://127.0.0.1:{port}");
         let child = Command::new(tansu_path())
             .args([
@@ -88,6 +92,14 @@ impl Broker {
             "topic create failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+impl Broker {
+    /// `kill -9` the broker process.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
