@@ -308,3 +308,113 @@ fn invalid_config_fails_before_binding() {
         assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
     }
 }
+
+#[test]
+fn resync_get_and_references_follow_the_internal_api() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let me = node.addr.to_string();
+    let metrics = node.request("GET", "/metrics", "").text();
+    assert!(metrics.contains("chronos_timers_pending"));
+    // The single-node cluster's view ID (DESIGN: the OR of the bloom filters).
+    let view = {
+        let c = chronos::cluster::Cluster::single(&me).unwrap();
+        c.view_id_string()
+    };
+    // Two timers held under an old view (as a replication PUT would leave them).
+    let old_view_body = |opaque: &str| {
+        format!(
+            r#"{{"timing":{{"interval":300,"repeat-for":300,"start-time-delta":-5,"sequence-number":0}},"callback":{{"http":{{"uri":"{}","opaque":"{opaque}"}}}},"reliability":{{"cluster-view-id":"1","replicas":["{me}"]}}}}"#,
+            sink.uri("/old")
+        )
+    };
+    for (i, id) in [
+        "00000000000000aa0000000000000000",
+        "00000000000000bb0000000000000000",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let r = node.request(
+            "PUT",
+            &format!("/timers/{id}"),
+            &old_view_body(&format!("o{i}")),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // A timer under the current view is passed over.
+    node.create(&timer_body("300", None, &sink.uri("/new"), "n"));
+
+    let get = |q: &str, range: Option<&str>| {
+        let headers: Vec<(&str, &str)> = range.map(|r| vec![("Range", r)]).unwrap_or_default();
+        request(node.addr, "GET", &format!("/timers{q}"), &headers, b"")
+    };
+    assert_eq!(get("", None).status, 400, "missing parameters");
+    assert_eq!(get(&format!("?node-for-replicas={me}"), None).status, 400);
+    let r = get(
+        &format!("?node-for-replicas=10.9.9.9:1&cluster-view-id={view}"),
+        None,
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    let r = get(
+        &format!("?node-for-replicas={me}&cluster-view-id=12345"),
+        None,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    let encoded = me.replace(':', "%3A");
+    let r = get(
+        &format!("?node-for-replicas={encoded}&cluster-view-id={view}"),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let timers = v["timers"].as_array().unwrap();
+    assert_eq!(timers.len(), 2, "{v}");
+    let t = &timers[0];
+    assert_eq!(t["TimerID"].as_str().unwrap().len(), 32);
+    assert_eq!(t["OldReplicas"], serde_json::json!([me]));
+    assert_eq!(t["Timer"]["timing"]["interval"], 300.0);
+    assert_eq!(t["Timer"]["timing"]["sequence-number"], 0);
+    assert!(t["Timer"]["timing"]["start-time"].as_u64().is_some());
+    assert_eq!(t["Timer"]["callback"]["http"]["uri"], sink.uri("/old"));
+    assert_eq!(t["Timer"]["reliability"]["cluster-view-id"], view);
+    assert_eq!(
+        t["Timer"]["reliability"]["replicas"],
+        serde_json::json!([me])
+    );
+
+    // Paged: Range 1 gives one timer and 206 with Content-Range.
+    let r = get(
+        &format!("?node-for-replicas={me}&cluster-view-id={view}"),
+        Some("1"),
+    );
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("Content-Range"), Some("1"));
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["timers"].as_array().unwrap().len(), 1);
+    // time-from after both timers' pops: nothing left.
+    let later_us = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        + 400_000_000)
+        .to_string();
+    let r = get(
+        &format!("?node-for-replicas={me}&cluster-view-id={view}&time-from={later_us}"),
+        None,
+    );
+    assert_eq!((r.status, r.text().as_str()), (200, r#"{"timers":[]}"#));
+
+    // DELETE /timers/references.
+    let r = node.request("DELETE", "/timers/references", "{\"nope\":1}");
+    assert_eq!(r.status, 400);
+    assert!(!r.text().is_empty());
+    let r = node.request(
+        "DELETE",
+        "/timers/references",
+        r#"{"IDs":[{"ID":"00000000000000aa0000000000000000","ReplicaIndex":0}]}"#,
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(node.request("PUT", "/timers/references", "{}").status, 405);
+}

@@ -2,7 +2,8 @@
 //!
 //! | path                  | methods           |
 //! |-----------------------|-------------------|
-//! | `/timers`             | `POST`            |
+//! | `/timers`             | `POST`; `GET` (resync, seed 000's internal API) |
+//! | `/timers/references`  | `DELETE` (resync) |
 //! | `/timers/<32 hex>`    | `PUT`, `DELETE`   |
 //! | `/ping`               | `GET`, `HEAD`     |
 //! | `/metrics`            | `GET`             |
@@ -21,7 +22,32 @@ pub async fn handle(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: 
                 Ok(s) => timer_result(out, shard.create(&s), close),
                 Err(reason) => error(out, 400, &reason, close),
             },
-            _ => not_allowed(out, "POST", close),
+            Method::Get => match shard.resync_query(req.query, req.range) {
+                Ok(q) => {
+                    let (status, count, body) = shard.resync_get(q).await;
+                    let mut digits = [0u8; 10];
+                    let range = crate::http::client::format_u32(&mut digits, count as u32);
+                    let mut headers: Vec<(&str, &[u8])> =
+                        vec![("Content-Type", b"application/json")];
+                    if status == 206 {
+                        headers.push(("Content-Range", range));
+                    }
+                    write_response(out, status, &headers, body.as_bytes(), close);
+                    status
+                }
+                Err((status, reason)) => error(out, status, &reason, close),
+            },
+            _ => not_allowed(out, "GET, POST", close),
+        },
+        "/timers/references" => match req.method {
+            Method::Delete => match shard.resync_references(req.body).await {
+                Ok(_) => {
+                    write_response(out, 202, &[], b"", close);
+                    202
+                }
+                Err(reason) => error(out, 400, &reason, close),
+            },
+            _ => not_allowed(out, "DELETE", close),
         },
         "/ping" => match req.method {
             Method::Get => {

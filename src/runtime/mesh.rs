@@ -24,12 +24,24 @@ pub enum MeshMsg {
     Tags {
         reply: SharedSender<Reply>,
     },
+    /// Resync GET: this shard's matching timers.
+    Resync {
+        query: crate::shard::resync::Query,
+        reply: SharedSender<Reply>,
+    },
+    /// Resync DELETE: drop an old-view copy every new replica knows.
+    DropReference {
+        unique: u64,
+        reply: SharedSender<Reply>,
+    },
 }
 
 /// The owner's answer.
 pub enum Reply {
     Applied(Result<(), OpError>),
     Tags(Vec<(String, i64)>),
+    Resync(Vec<(u64, String)>),
+    Dropped(bool),
 }
 
 /// This shard's end of the mesh (`None` with a single shard).

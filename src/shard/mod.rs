@@ -11,6 +11,7 @@
 //! target never delays another timer's pop.
 
 mod pop;
+pub mod resync;
 mod store;
 
 pub use store::Store;
@@ -100,7 +101,7 @@ pub struct Shard {
     last_version_us: Cell<u64>,
     /// This node's peer index, and the current view's fingerprint.
     local_peer: Option<usize>,
-    view: u32,
+    pub(crate) view: u32,
 }
 
 impl Shard {
@@ -662,6 +663,12 @@ impl Shard {
                     spec.as_deref(),
                     from_client,
                 )));
+            }
+            MeshMsg::Resync { query, reply } => {
+                let _ = reply.send(Reply::Resync(self.resync_local(query)));
+            }
+            MeshMsg::DropReference { unique, reply } => {
+                let _ = reply.send(Reply::Dropped(self.drop_reference(unique)));
             }
             MeshMsg::Tags { reply } => {
                 let _ = reply.send(Reply::Tags(self.store.borrow().tag_values()));

@@ -105,6 +105,21 @@ impl Store {
         }
     }
 
+    /// Up to `limit` timers `keep` accepts, due at or after `from_ms`, in
+    /// pop-time order (resync; O(n), never on the pop path).
+    pub fn earliest_where(
+        &self,
+        from_ms: u64,
+        limit: usize,
+        keep: impl Fn(&Timer) -> bool,
+    ) -> Vec<(u64, &Timer)> {
+        self.wheel
+            .earliest_where(from_ms, limit, keep)
+            .into_iter()
+            .filter_map(|(key, due)| Some((due, self.wheel.get(key)?)))
+            .collect()
+    }
+
     /// When the next pop could be due.
     pub fn next_deadline_ms(&self) -> Option<u64> {
         self.wheel.next_deadline_ms()

@@ -314,13 +314,23 @@ impl<T> Wheel<T> {
     /// Up to `limit` live entries with `due >= from_ms`, in due-time order
     /// (ties by slab index). O(n log limit); used by resync, never on the pop path.
     pub fn earliest_from(&self, from_ms: u64, limit: usize) -> Vec<(Key, u64)> {
+        self.earliest_where(from_ms, limit, |_| true)
+    }
+
+    /// Like `earliest_from`, counting only entries that `keep` accepts.
+    pub fn earliest_where(
+        &self,
+        from_ms: u64,
+        limit: usize,
+        keep: impl Fn(&T) -> bool,
+    ) -> Vec<(Key, u64)> {
         let mut heap: std::collections::BinaryHeap<(u64, u32, u32)> =
             std::collections::BinaryHeap::with_capacity(limit.min(self.len) + 1);
         if limit == 0 {
             return Vec::new();
         }
-        self.for_each(|key, due_ms, _| {
-            if due_ms < from_ms {
+        self.for_each(|key, due_ms, item| {
+            if due_ms < from_ms || !keep(item) {
                 return;
             }
             let item = (due_ms, key.index, key.generation);
