@@ -456,11 +456,13 @@ impl QueueShard {
                 left: Cell::new(0),
                 done: Notify::default(),
             });
+            let mut published: std::collections::HashSet<String> = Default::default();
             for (id, m) in late {
-                if waiting.contains(&id) {
+                // Already waiting in the table, or a duplicate ID within
+                // this batch: published once.
+                if waiting.contains(&id) || !published.insert(id) {
                     continue;
                 }
-                // A duplicate ID inside the late set is published once.
                 ShardStats::add(&stats.queue_late, 1);
                 wait.left.set(wait.left.get() + 1);
                 self.publish(Pending {
