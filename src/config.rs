@@ -549,6 +549,27 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_section_with_defaults_is_valid() {
+        let text = "[queue]\nkafka-brokers = \"127.0.0.1:9092\"\ninput-topic = \"in\"\noutput-topic = \"out\"\npostgres-url = \"postgres://postgres@127.0.0.1:5432/test\"\n[queue.consumer]\n\"session.timeout.ms\" = 6000\n";
+        let r = Config::from_toml(text).unwrap().resolve(2).unwrap();
+        let q = r.config.queue.unwrap();
+        assert_eq!(q.table, "chronos_messages");
+        assert_eq!(
+            (
+                q.timing_advance_ms,
+                q.hold_time_ms,
+                q.poll_interval_ms,
+                q.failure_detection_interval_ms
+            ),
+            (50, 5000, 100, 500)
+        );
+        assert_eq!(
+            QueueConfig::property(&q.consumer["session.timeout.ms"]),
+            "6000"
+        );
+    }
+
+    #[test]
     fn invalid_configs_fail_clearly() {
         let table = [
             ("[http]\nbind-port = \"x\"", "bind-port"),
@@ -558,6 +579,24 @@ mod tests {
             ("[http]\nbind-address = \"nope\"", "bind-address"),
             ("[cluster]\nnode = [\"10.0.0.9:1\"]", "not in the cluster"),
             ("[timers]\ncallback-timeout-ms = 0", "callback-timeout-ms"),
+            ("[cluster]\nreplication-queue-max = 0", "replication-queue-max"),
+            (
+                "[queue]\nkafka-brokers = \"k:1\"\ninput-topic = \"a\"\noutput-topic = \"b\"\npostgres-url = \"postgres://u@h:5432/d\"\ntable = \"x; drop\"",
+                "plain SQL identifier",
+            ),
+            (
+                "[queue]\nkafka-brokers = \"k:1\"\ninput-topic = \"a\"\noutput-topic = \"b\"\npostgres-url = \"postgres://u@h:5432/d\"\nlook-ahead-ms = 5000",
+                "look-ahead-ms",
+            ),
+            (
+                "[queue]\nkafka-brokers = \"k:1\"\ninput-topic = \"a\"\noutput-topic = \"a\"\npostgres-url = \"postgres://u@h:5432/d\"",
+                "must differ",
+            ),
+            (
+                "[queue]\nkafka-brokers = \"k:1\"\ninput-topic = \"a\"\noutput-topic = \"b\"\npostgres-url = \"host=/var/run/postgresql\"",
+                "TCP host",
+            ),
+            ("[queue]\nkafka-brokers = \"k:1\"", "missing field"),
         ];
         for (text, needle) in table {
             let err = Config::from_toml(text)
