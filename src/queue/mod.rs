@@ -56,6 +56,8 @@ const FIRE_PER_TURN_MAX: usize = 1024;
 const DELETE_BATCH_MAX: usize = 5000;
 /// Rows examined per failure-detection pass.
 const STUCK_BATCH_MAX: i64 = 1000;
+/// At most one publish-failure log line per shard this often.
+const PUBLISH_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often the consumer thread checks that the broker answers.
 const KAFKA_PROBE_EVERY: Duration = Duration::from_secs(2);
 /// Publish retry backoff.
@@ -298,6 +300,8 @@ pub struct QueueShard {
     to_delete: RefCell<Vec<String>>,
     delete_wake: Notify,
     rng: Cell<u64>,
+    publish_warned: Cell<Option<Instant>>,
+    publish_failures_unlogged: Cell<u64>,
 }
 
 impl QueueShard {
@@ -323,6 +327,8 @@ impl QueueShard {
             to_delete: RefCell::new(Vec::new()),
             delete_wake: Notify::default(),
             rng: Cell::new(clock::unix_us() | 1),
+            publish_warned: Cell::new(None),
+            publish_failures_unlogged: Cell::new(0),
         });
         let first = q.clone();
         glommio::spawn_local(async move {
@@ -642,8 +648,15 @@ impl QueueShard {
             p.attempts += 1;
             p.attempts
         };
-        if attempts == 1 || attempts.is_power_of_two() {
-            tracing::warn!(target: "chronos::queue", "publish failed (attempt {attempts}), retrying: {why}");
+        // One line per `PUBLISH_LOG_EVERY` per shard, however many fail.
+        let quiet = self.publish_warned.get();
+        if quiet.is_none_or(|t| t.elapsed() >= PUBLISH_LOG_EVERY) {
+            let more = self.publish_failures_unlogged.replace(0);
+            tracing::warn!(target: "chronos::queue", "publish failed, retrying with backoff ({more} more failures since the last report): {why}");
+            self.publish_warned.set(Some(Instant::now()));
+        } else {
+            self.publish_failures_unlogged
+                .set(self.publish_failures_unlogged.get() + 1);
         }
         let backoff = (PUBLISH_BACKOFF_MS_MIN << attempts.min(10)).min(PUBLISH_BACKOFF_MS_MAX);
         let me = self.clone();
