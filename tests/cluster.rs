@@ -279,5 +279,4 @@ fn net_split_pops_on_both_sides_then_heals_to_single_pops() {
     let last = *after.keys().max().unwrap();
     let seen: std::collections::BTreeSet<u32> = pops.iter().map(|p| p.sequence).collect();
     assert_eq!(seen.len() as u32, last, "gap in {seen:?}");
-    let _ = backup;
 }

@@ -11,49 +11,6 @@ use std::time::Duration;
 
 const ADVANCE_MS: i64 = 50;
 
-struct Setup {
-    broker: Broker,
-    input: String,
-    output: String,
-    table: String,
-}
-
-fn setup(name: &str, partitions: u32) -> Setup {
-    let broker = Broker::start();
-    let input = unique(&format!("{name}_in"));
-    let output = unique(&format!("{name}_out"));
-    broker.create_topic(&input, partitions);
-    broker.create_topic(&output, partitions);
-    let table = unique(&format!("q_{name}"));
-    Setup {
-        broker,
-        input,
-        output,
-        table,
-    }
-}
-
-impl Setup {
-    fn node(&self, extra: &str) -> Node {
-        Node::start(&queue_config(
-            &self.broker.brokers(),
-            &self.input,
-            &self.output,
-            &self.table,
-            extra,
-        ))
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc"])
-            .arg(format!("DROP TABLE IF EXISTS {}", self.table))
-            .output();
-    }
-}
-
 #[test]
 fn relays_key_value_and_headers_at_the_deadline_and_late_ones_at_once() {
     let s = setup("relay", 2);

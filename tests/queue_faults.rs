@@ -6,7 +6,6 @@
 mod common;
 
 use common::queue::*;
-use common::*;
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -44,21 +43,10 @@ impl Drop for RestartGuard {
 #[test]
 fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let broker = Broker::start();
-    let input = unique("pgout_in");
-    let output = unique("pgout_out");
-    broker.create_topic(&input, 2);
-    broker.create_topic(&output, 2);
-    let table = unique("q_pgout");
-    let node = Node::start(&queue_config(
-        &broker.brokers(),
-        &input,
-        &output,
-        &table,
-        "",
-    ));
-    let reader = OutputReader::start(&broker.brokers(), &output);
-    let p = producer(&broker.brokers());
+    let s = setup("pgout", 2);
+    let node = s.node("");
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let p = producer(&s.broker.brokers());
     let start = now_ms();
     let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
     let dls: Vec<String> = (0..100).map(|i| iso(start + 9_000 + i * 40)).collect();
@@ -71,28 +59,15 @@ fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
             })
             .collect()
     };
-    produce(&p, &input, &batch(0..60));
-    let until = Instant::now() + Duration::from_secs(15);
-    while table_rows(&table) < 60 {
-        assert!(Instant::now() < until, "not enqueued:\n{}", node.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    produce(&p, &s.input, &batch(0..60));
+    wait_rows_at_least(&s.table, 60, &node);
     assert_eq!(node.request("GET", "/ready", "").status, 200);
     let guard = RestartGuard;
     pg_ctl("stop");
     // Messages keep arriving while the database is away.
-    produce(&p, &input, &batch(60..100));
+    produce(&p, &s.input, &batch(60..100));
     // Not ready while Postgres is away, yet still serving.
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let r = node.request("GET", "/ready", "");
-        if r.status == 503 {
-            assert!(r.text().contains("Postgres"), "{}", r.text());
-            break;
-        }
-        assert!(Instant::now() < until, "still ready with Postgres down");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_not_ready(&node, "Postgres", Duration::from_secs(5));
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(node.request("GET", "/ping", "").status, 200);
     pg_ctl("start");
@@ -114,27 +89,14 @@ fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
         .filter(|l| l.contains("Postgres unavailable"))
         .count();
     assert!(lines <= 10, "{lines} lines about the outage");
-    let _ = psql(&format!("DROP TABLE IF EXISTS {table}"));
 }
 
 #[test]
 fn a_broker_outage_and_restart_loses_nothing() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut broker = Broker::start();
-    let port = broker.port;
-    let input = unique("kout_in");
-    let output = unique("kout_out");
-    broker.create_topic(&input, 1);
-    broker.create_topic(&output, 1);
-    let table = unique("q_kout");
-    let node = Node::start(&queue_config(
-        &broker.brokers(),
-        &input,
-        &output,
-        &table,
-        "",
-    ));
-    let p = producer(&broker.brokers());
+    let mut s = setup("kout", 1);
+    let node = s.node("");
+    let p = producer(&s.broker.brokers());
     let due = now_ms() + 8_000;
     let dl = iso(due);
     let keys: Vec<String> = (0..30).map(|i| format!("b{i}")).collect();
@@ -146,35 +108,24 @@ fn a_broker_outage_and_restart_loses_nothing() {
             headers: vec![("chronosMessageId", k), ("chronosDeadline", &dl)],
         })
         .collect();
-    produce(&p, &input, &inputs);
+    produce(&p, &s.input, &inputs);
     drop(p);
-    let until = Instant::now() + Duration::from_secs(15);
-    while table_rows(&table) < 30 {
-        assert!(Instant::now() < until, "not enqueued:\n{}", node.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_rows_at_least(&s.table, 30, &node);
     // The broker dies before the deadline and stays away past it.
-    broker.kill();
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = node.request("GET", "/ready", "");
-        if r.status == 503 {
-            assert!(r.text().contains("Kafka"), "{}", r.text());
-            break;
-        }
-        assert!(Instant::now() < until, "still ready with the broker down");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    s.broker.kill();
+    wait_not_ready(&node, "Kafka", Duration::from_secs(10));
     while now_ms() < due + 2_000 {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(node.request("GET", "/ping", "").status, 200);
-    assert_eq!(table_rows(&table), 30, "nothing is deleted unacknowledged");
+    assert_eq!(
+        table_rows(&s.table),
+        30,
+        "nothing is deleted unacknowledged"
+    );
     // A new broker on the same address (memory storage: topics again).
-    let broker = Broker::start_on(port);
-    broker.create_topic(&input, 1);
-    broker.create_topic(&output, 1);
-    let reader = OutputReader::start(&broker.brokers(), &output);
+    s.restart_broker(1);
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
     let seen = reader.wait_for(30, Duration::from_secs(40));
     let got: BTreeSet<String> = seen.iter().map(|o| o.key.clone().unwrap()).collect();
     assert_eq!(
@@ -185,12 +136,11 @@ fn a_broker_outage_and_restart_loses_nothing() {
         node.log_text()
     );
     let until = Instant::now() + Duration::from_secs(10);
-    while table_rows(&table) > 0 {
+    while table_rows(&s.table) > 0 {
         assert!(
             Instant::now() < until,
             "rows left after the acknowledgements"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = psql(&format!("DROP TABLE IF EXISTS {table}"));
 }

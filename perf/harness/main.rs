@@ -228,6 +228,30 @@ fn machine() -> serde_json::Value {
     serde_json::json!({ "cores": cores, "kernel": kernel.trim() })
 }
 
+fn print_header() {
+    println!(
+        "{:<18} {:>9} {:>9} {:>6} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9}",
+        "",
+        "expected",
+        "delivered",
+        "lost",
+        "dups",
+        "early",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms"
+    );
+}
+
+/// A distribution alone (no counts), under the same columns.
+fn print_summary(label: &str, s: &report::Summary) {
+    println!(
+        "{label:<18} {:>46} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+        "", s.p50_ms, s.p99_ms, s.p999_ms, s.max_ms
+    );
+}
+
 fn print_row(label: &str, t: &Tally) {
     let s = t.lateness.summary();
     println!(
@@ -581,30 +605,12 @@ fn http_mode(a: &Args) -> Result<(), String> {
         "POST throughput {throughput:.0} req/s over {send_secs:.2} s; {} errors",
         errors.load(Ordering::Relaxed)
     );
-    println!(
-        "{:<18} {:>9} {:>9} {:>6} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9}",
-        "",
-        "expected",
-        "delivered",
-        "lost",
-        "dups",
-        "early",
-        "p50 ms",
-        "p99 ms",
-        "p99.9 ms",
-        "max ms"
-    );
+    print_header();
     print_row("pop lateness", &t);
     let r = req.summary();
-    println!(
-        "{:<18} {:>46} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
-        "request latency", "", r.p50_ms, r.p99_ms, r.p999_ms, r.max_ms
-    );
+    print_summary("request latency", &r);
     let ns = noise.summary();
-    println!(
-        "{:<18} {:>46} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
-        "1 ms sleep noise", "", ns.p50_ms, ns.p99_ms, ns.p999_ms, ns.max_ms
-    );
+    print_summary("1 ms sleep noise", &ns);
     let json = serde_json::json!({
         "mode": "http", "name": name, "unix_ms": unix_us() / 1000, "machine": machine(),
         "params": { "nodes": targets.len(), "cores": cores, "connections": connections, "count": count,
@@ -668,24 +674,9 @@ impl Drop for Tansu {
 }
 
 fn iso_utc(unix_ms: u64) -> String {
-    let secs = (unix_ms / 1000) as i64;
-    let ms = unix_ms % 1000;
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{}Z",
+        chronos::queue::deadline::format_utc_ms(unix_ms as i64)
     )
 }
 
@@ -887,25 +878,10 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         "produced at {:.0} msg/s; delivered at {out_rate:.0} msg/s",
         total as f64 / produce_secs
     );
-    println!(
-        "{:<18} {:>9} {:>9} {:>6} {:>5} {:>5} {:>9} {:>9} {:>9} {:>9}",
-        "",
-        "expected",
-        "delivered",
-        "lost",
-        "dups",
-        "early",
-        "p50 ms",
-        "p99 ms",
-        "p99.9 ms",
-        "max ms"
-    );
+    print_header();
     print_row("queue lateness", &t);
     let ns = noise.summary();
-    println!(
-        "{:<18} {:>46} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
-        "1 ms sleep noise", "", ns.p50_ms, ns.p99_ms, ns.p999_ms, ns.max_ms
-    );
+    print_summary("1 ms sleep noise", &ns);
     let buckets: Vec<String> = engine.iter().map(|(le, n)| format!("≤{le}s:{n}")).collect();
     println!(
         "engine (publish acknowledged - deadline), cumulative: {}",

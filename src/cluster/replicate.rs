@@ -186,11 +186,6 @@ impl Replicator {
         &self.stats[self.shard]
     }
 
-    /// Messages waiting for `peer`.
-    pub fn queued(&self, peer: usize) -> usize {
-        self.peers[peer].queued.get()
-    }
-
     /// Queue a replication `PUT /timers/<id>` to `peer`. Never waits: a
     /// full queue drops the message (counted).
     pub fn send(&self, peer: usize, id: TimerId, body: &Body<'_>) {

@@ -31,6 +31,35 @@ fn digits(s: &[u8], n: usize) -> Option<u32> {
     Some(s[..n].iter().fold(0, |a, c| a * 10 + (c - b'0') as u32))
 }
 
+/// A civil date from days since 1970-01-01 (the inverse of `days_from_civil`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    (y, m, d)
+}
+
+/// Unix ms as seed 004 writes a deadline: `YYYY-MM-DDTHH:MM:SS.mmm`, UTC,
+/// without a zone.
+pub fn format_utc_ms(unix_ms: i64) -> String {
+    let secs = unix_ms.div_euclid(1000);
+    let ms = unix_ms.rem_euclid(1000);
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    let rem = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 /// Parse a deadline; `Err` says what is wrong.
 pub fn parse_unix_us(text: &str) -> Result<i64, String> {
     let bad = |why: &str| format!("chronosDeadline {text:?} is not an ISO 8601 date-time: {why}");
@@ -100,6 +129,24 @@ pub fn parse_unix_us(text: &str) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formatting_round_trips() {
+        for ms in [
+            0i64,
+            1_669_892_941_123,
+            1_709_164_800_000,
+            951_782_400_999,
+            -1_500,
+        ] {
+            assert_eq!(
+                parse_unix_us(&format_utc_ms(ms)).unwrap(),
+                ms * 1000,
+                "{ms}"
+            );
+        }
+        assert_eq!(format_utc_ms(1_669_892_941_123), "2022-12-01T11:09:01.123");
+    }
 
     #[test]
     fn forms_table() {

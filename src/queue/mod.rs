@@ -50,6 +50,9 @@ pub const HEADER_DEADLINE: &str = "chronosDeadline";
 pub const ID_CHARS_MAX: usize = 128;
 /// Messages waiting per shard between the consumer thread and the shard.
 pub const INBOX_CAPACITY: usize = 8192;
+/// Claimed messages a shard may hold or have in flight, in claim batches
+/// (16 × 2000: a full second of look-ahead at 20,000 messages/s, and more).
+const CLAIMED_IN_HAND_BATCHES: usize = 16;
 /// Messages published per turn of the fire task.
 const FIRE_PER_TURN_MAX: usize = 1024;
 /// IDs deleted per statement.
@@ -313,8 +316,8 @@ impl QueueShard {
         &self.shared.config
     }
 
-    /// Start this shard's queue tasks.
-    pub fn start(shared: Arc<QueueShared>, shard: usize, stats: Arc<[ShardStats]>) -> Rc<Self> {
+    /// Start this shard's queue tasks (they own the shard part).
+    pub fn start(shared: Arc<QueueShared>, shard: usize, stats: Arc<[ShardStats]>) {
         let q = Rc::new(QueueShard {
             pg: Pg::new(&shared.config, stats.clone(), shard),
             shared,
@@ -330,29 +333,23 @@ impl QueueShard {
             publish_warned: Cell::new(None),
             publish_failures_unlogged: Cell::new(0),
         });
-        let first = q.clone();
+        let first = q;
         glommio::spawn_local(async move {
             // Connects (creating the table and indexes if missing) before
             // anything else runs.
             if first.pg.get().await.is_none() {
                 return;
             }
-            let tasks: [std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>; 5] = [
-                Box::pin(first.clone().enqueue_loop()),
-                Box::pin(first.clone().claim_loop()),
-                Box::pin(first.clone().fire_loop()),
-                Box::pin(first.clone().delete_loop()),
-                Box::pin(first.clone().delivery_loop()),
-            ];
-            for t in tasks {
-                glommio::spawn_local(t).detach();
-            }
+            glommio::spawn_local(first.clone().enqueue_loop()).detach();
+            glommio::spawn_local(first.clone().claim_loop()).detach();
+            glommio::spawn_local(first.clone().fire_loop()).detach();
+            glommio::spawn_local(first.clone().delete_loop()).detach();
+            glommio::spawn_local(first.clone().delivery_loop()).detach();
             if first.shard == 0 {
                 glommio::spawn_local(first.clone().failure_detection_loop()).detach();
             }
         })
         .detach();
-        q
     }
 
     fn jitter_ms(&self, max: u64) -> u64 {
@@ -504,13 +501,21 @@ impl QueueShard {
 
     async fn claim_loop(self: Rc<Self>) {
         let cfg = self.cfg().clone();
+        // Claimed messages held or being published stay below this: while
+        // the broker is away, claims stop instead of piling up in memory.
+        let in_hand_max = cfg.claim_batch_max * CLAIMED_IN_HAND_BATCHES;
         loop {
             if SHUTDOWN.load(Ordering::Relaxed) {
                 return;
             }
+            let in_hand = self.held.borrow().len() + self.pending.borrow().len();
+            if in_hand >= in_hand_max {
+                glommio::timer::sleep(Duration::from_millis(cfg.poll_interval_ms)).await;
+                continue;
+            }
             let now = SystemTime::now();
             let horizon = now + Duration::from_millis(cfg.look_ahead_ms);
-            let limit = cfg.claim_batch_max as i64;
+            let limit = cfg.claim_batch_max.min(in_hand_max - in_hand) as i64;
             let started = Instant::now();
             let Some(rows) = retry_query(
                 &self.pg,

@@ -78,10 +78,9 @@ pub struct Pg {
     connecting: glommio::sync::Semaphore,
     failing_since: Cell<Option<Instant>>,
     last_log: Cell<Option<Instant>>,
-    pub up: Cell<bool>,
-    /// Mirrors `up` for readiness checks from any shard.
-    pub up_flag: Option<std::sync::Arc<[crate::stats::ShardStats]>>,
-    pub shard: usize,
+    /// Where `pg_up` (readiness, read by any shard) is kept.
+    stats: std::sync::Arc<[crate::stats::ShardStats]>,
+    shard: usize,
 }
 
 impl Pg {
@@ -91,7 +90,7 @@ impl Pg {
         shard: usize,
     ) -> Pg {
         Pg {
-            up_flag: Some(stats),
+            stats,
             shard,
             config: q.postgres_url.parse().expect("validated at config load"),
             table: q.table.clone(),
@@ -99,15 +98,11 @@ impl Pg {
             connecting: glommio::sync::Semaphore::new(1),
             failing_since: Cell::new(None),
             last_log: Cell::new(None),
-            up: Cell::new(false),
         }
     }
 
     fn set_up(&self, up: bool) {
-        self.up.set(up);
-        if let Some(s) = &self.up_flag {
-            s[self.shard].pg_up.store(up, Ordering::Relaxed);
-        }
+        self.stats[self.shard].pg_up.store(up, Ordering::Relaxed);
     }
 
     /// A working connection, waiting (with backoff) until there is one.

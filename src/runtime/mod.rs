@@ -185,7 +185,7 @@ async fn run_shard(
     }
     glommio::spawn_local(pop_loop(shard.clone())).detach();
     if let Some(q) = queue {
-        *shard.queue.borrow_mut() = Some(crate::queue::QueueShard::start(q.clone(), index, stats));
+        crate::queue::QueueShard::start(q.clone(), index, stats);
         *shard.queue_shared.borrow_mut() = Some(q);
     }
     {

@@ -94,8 +94,8 @@ pub struct Shard {
     pub busy: Cell<usize>,
     pub connections: Cell<usize>,
     pub shutting_down: Cell<bool>,
-    /// This shard's part of the delay queue, when `[queue]` is configured.
-    pub queue: RefCell<Option<Rc<crate::queue::QueueShard>>>,
+    /// The delay queue's shared state, when `[queue]` is configured (for
+    /// readiness; the queue's tasks own their shard part).
     pub queue_shared: RefCell<Option<Arc<crate::queue::QueueShared>>>,
     /// The last version handed out (strictly increasing per shard).
     last_version_us: Cell<u64>,
@@ -145,7 +145,6 @@ impl Shard {
             busy: Cell::new(0),
             connections: Cell::new(0),
             shutting_down: Cell::new(false),
-            queue: RefCell::new(None),
             queue_shared: RefCell::new(None),
             last_version_us: Cell::new(0),
             local_peer,
@@ -166,9 +165,19 @@ impl Shard {
         self.resolved.config.timers.replica_skew_ms
     }
 
-    /// Tombstones only matter when other nodes can send stale messages.
-    fn keeps_tombstones(&self) -> bool {
+    /// Whether any other node exists: only then are there replicas to
+    /// tell, and stale messages for tombstones to stop.
+    pub fn has_peers(&self) -> bool {
         self.cluster().nodes.len() + self.cluster().leaving.len() > 1
+    }
+
+    /// The addresses of a replica list (member indices), in order.
+    fn replica_names(&self, replicas: &[usize]) -> [&str; NODES_MAX] {
+        let mut names = [""; NODES_MAX];
+        for (slot, &r) in names.iter_mut().zip(replicas) {
+            *slot = &self.cluster().nodes[r].address;
+        }
+        names
     }
 
     fn next_version(&self) -> u64 {
@@ -366,11 +375,7 @@ impl Shard {
         if targets == 0 {
             return;
         }
-        let cluster = self.cluster();
-        let mut names = [""; NODES_MAX];
-        for (slot, &r) in names.iter_mut().zip(&pl.replicas[..pl.count]) {
-            *slot = &cluster.nodes[r].address;
-        }
+        let names = self.replica_names(&pl.replicas[..pl.count]);
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = spec.tags.len().min(TAGS_MAX);
         for (slot, (name, count)) in tags.iter_mut().zip(&spec.tags) {
@@ -384,7 +389,7 @@ impl Shard {
             version_us: head.version,
             uri: &spec.uri,
             opaque: &spec.opaque,
-            view_id: cluster.view_id,
+            view_id: self.cluster().view_id,
             replicas: &names[..pl.count],
             tags: &tags[..tag_count],
         };
@@ -405,6 +410,9 @@ impl Shard {
     /// so that they skip it. Nothing is sent when the timer has since been
     /// replaced or deleted: that operation replicated itself.
     pub fn replicate_pop(&self, unique: u64, version: u64, sequence: u32) {
+        if !self.has_peers() {
+            return;
+        }
         let store = self.store.borrow();
         let Some((_, t)) = store.get(unique) else {
             return;
@@ -417,11 +425,7 @@ impl Shard {
         if targets == 0 {
             return;
         }
-        let cluster = self.cluster();
-        let mut names = [""; NODES_MAX];
-        for (slot, &r) in names.iter_mut().zip(&pl.replicas[..pl.count]) {
-            *slot = &cluster.nodes[r].address;
-        }
+        let names = self.replica_names(&pl.replicas[..pl.count]);
         let mut tags = [("", 0u32); TAGS_MAX];
         let mut tag_count = 0;
         for (slot, (index, count)) in tags.iter_mut().zip(t.tags()) {
@@ -436,7 +440,7 @@ impl Shard {
             version_us: t.version,
             uri: t.uri(),
             opaque: t.opaque(),
-            view_id: cluster.view_id,
+            view_id: self.cluster().view_id,
             replicas: &names[..pl.count],
             tags: &tags[..tag_count],
         };
@@ -518,7 +522,11 @@ impl Shard {
             }
             _ => Timer::new(head, "", "", &[]),
         };
-        let old = store.remove(unique);
+        let old = if existing.is_some() {
+            store.remove(unique)
+        } else {
+            None
+        };
         let old_live = old.as_ref().is_some_and(|t| !t.is_tombstone());
         if from_client {
             match (tombstone, old_live) {
@@ -530,7 +538,7 @@ impl Shard {
         }
         let now = clock::now_ms();
         let due = if timer.is_tombstone() || !timer.has_next_pop() {
-            if !self.keeps_tombstones() {
+            if !self.has_peers() {
                 self.refresh_gauges(&store);
                 return Ok(());
             }

@@ -53,7 +53,7 @@ pub async fn pop_loop(shard: Rc<Shard>) {
                 if timer.has_next_pop() {
                     let next = timer.next_pop_ms(skew);
                     shard.store.borrow_mut().insert(next, timer);
-                } else if shard.cluster().nodes.len() + shard.cluster().leaving.len() > 1 {
+                } else if shard.has_peers() {
                     // The final pop: keep a tombstone one more interval, so
                     // a stale message cannot bring the timer back.
                     let tomb = timer.to_tombstone();

@@ -154,27 +154,7 @@ pub fn produce(p: &BaseProducer, topic: &str, messages: &[Input<'_>]) {
 
 /// ISO 8601 UTC without a zone (seed 004's form) for `at_ms` Unix ms.
 pub fn iso(at_ms: i64) -> String {
-    let secs = at_ms.div_euclid(1000);
-    let ms = at_ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // civil from days (Howard Hinnant)
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    chronos::queue::deadline::format_utc_ms(at_ms)
 }
 
 pub fn now_ms() -> i64 {
@@ -289,23 +269,9 @@ pub fn queue_config(brokers: &str, input: &str, output: &str, table: &str, extra
 
 /// Rows left in a test table.
 pub fn table_rows(table: &str) -> i64 {
-    let out = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-tAc",
-            &format!("SELECT count(*) FROM {table}"),
-        ])
-        .output()
-        .expect("psql");
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("psql: {}", String::from_utf8_lossy(&out.stderr)))
+    let out = psql(&format!("SELECT count(*) FROM {table}"));
+    out.parse()
+        .unwrap_or_else(|_| panic!("psql count: {out:?}"))
 }
 
 pub fn psql(sql: &str) -> String {
@@ -328,4 +294,84 @@ pub fn psql(sql: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// One test's broker, topics and table (the table is dropped at the end).
+pub struct Setup {
+    pub broker: Broker,
+    pub input: String,
+    pub output: String,
+    pub table: String,
+}
+
+/// A broker with fresh `<name>_in`/`<name>_out` topics and a fresh table name.
+pub fn setup(name: &str, partitions: u32) -> Setup {
+    let broker = Broker::start();
+    let input = unique(&format!("{name}_in"));
+    let output = unique(&format!("{name}_out"));
+    broker.create_topic(&input, partitions);
+    broker.create_topic(&output, partitions);
+    let table = unique(&format!("q_{name}"));
+    Setup {
+        broker,
+        input,
+        output,
+        table,
+    }
+}
+
+impl Setup {
+    /// A chronos node on this setup's topics and table.
+    pub fn node(&self, extra: &str) -> super::Node {
+        super::Node::start(&queue_config(
+            &self.broker.brokers(),
+            &self.input,
+            &self.output,
+            &self.table,
+            extra,
+        ))
+    }
+
+    /// Replace the broker with a new one on the same port (memory storage:
+    /// the topics are created again).
+    pub fn restart_broker(&mut self, partitions: u32) {
+        let port = self.broker.port;
+        self.broker.kill();
+        self.broker = Broker::start_on(port);
+        self.broker.create_topic(&self.input, partitions);
+        self.broker.create_topic(&self.output, partitions);
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        // Quietly: this may run while a failed test unwinds.
+        let _ = Command::new("psql")
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc"])
+            .arg(format!("DROP TABLE IF EXISTS {}", self.table))
+            .output();
+    }
+}
+
+/// Wait (up to 15 s) until `table` holds at least `n` rows.
+pub fn wait_rows_at_least(table: &str, n: i64, node: &super::Node) {
+    let until = Instant::now() + Duration::from_secs(15);
+    while table_rows(table) < n {
+        assert!(Instant::now() < until, "not enqueued:\n{}", node.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Wait until `/ready` answers 503 naming `what`.
+pub fn wait_not_ready(node: &super::Node, what: &str, timeout: Duration) {
+    let until = Instant::now() + timeout;
+    loop {
+        let r = node.request("GET", "/ready", "");
+        if r.status == 503 {
+            assert!(r.text().contains(what), "{}", r.text());
+            return;
+        }
+        assert!(Instant::now() < until, "still ready with {what} down");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
