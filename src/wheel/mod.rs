@@ -17,18 +17,40 @@
 //! Timers further away than the top level's window sit on an overflow list and
 //! are re-placed when the wheel crosses into their 2^36 ms window.
 //!
+//! # Storage
+//!
+//! Values live in one slab (`Vec<Entry<T>>`) with an intrusive free list.
+//! Slots do not link entries together: each slot is a small array of
+//! 12-byte *records* `(due, slab index)`. Cascading a slot down a level
+//! copies records between arrays and never touches the slab, and firing a
+//! level-0 slot reads the slab at independent addresses (prefetched ahead),
+//! instead of chasing a linked list one cache miss at a time.
+//!
+//! Cancel and reschedule are lazy: they update the slab entry only. A record
+//! is *live* when its slab entry holds a value with the same `due`; other
+//! records are skipped when reached. A record that looks live but belongs to
+//! an earlier occupant of the slab entry (the index was reused with the
+//! same `due`) fires that occupant at exactly its own due time, and the
+//! occupant's own record is then stale: a value fires once, never early.
+//!
 //! # Invariants
 //!
-//! - A timer at level `L` shares its level-`L+1` window with `elapsed` (its
+//! - A record at level `L` shares its level-`L+1` window with `elapsed` (its
 //!   level is the highest 6-bit digit in which `due` and `elapsed` differ), so
 //!   the lowest occupied level always holds the earliest slot.
-//! - Every entry is on exactly one list: a slot, the overflow list, or the free
-//!   list. `occupied[L]` has bit `s` set iff slot `(L, s)` is non-empty.
-//! - `poll(now)` returns only entries with `due <= now`: never early. Entries
+//! - Every live entry has at least one live record, in a slot or in the
+//!   overflow array. `occupied[L]` has bit `s` set iff slot `(L, s)` holds a
+//!   record (live or stale).
+//! - `poll(now)` returns only entries with `due <= now`: never early. Records
 //!   from a slot whose window has started but whose `due` is still ahead are
 //!   cascaded down, never dropped, however far `now` jumps.
-//! - Storage is one slab (`Vec`) with an intrusive free list and `u32` links:
-//!   insert and cancel are O(1) and allocate nothing once the slab has grown.
+//! - Stale records are bounded: a slot array that is full is compacted before
+//!   it may grow, and it grows only when at least half of it is live, so a
+//!   slot holds at most twice its peak live count plus its
+//!   `KEEP_RECORDS_MAX` floor. Compaction costs at most two record checks per
+//!   push, amortised.
+//! - Insert, cancel and reschedule are O(1) and allocate nothing once the
+//!   slab and the slot arrays have grown.
 //! - The wheel does no I/O and reads no clock: time comes in as `now`.
 
 /// Bits of the slot index within a level.
@@ -42,12 +64,16 @@ pub const SPAN_MS: u64 = 1 << (SLOT_BITS as u64 * LEVELS as u64);
 /// The largest number of entries a wheel may hold (links are `u32`; one value
 /// is the "none" sentinel).
 pub const ENTRIES_MAX: usize = (u32::MAX - 1) as usize;
+/// A drained slot array keeps its allocation up to this many records (12 B
+/// each); a larger one is freed, so an idle wheel holds at most
+/// `LEVELS * SLOTS * KEEP_RECORDS_MAX * 12` B (4.6 MiB) of empty arrays.
+const KEEP_RECORDS_MAX: usize = 1024;
+/// A full slot array below this size grows without compacting first.
+const COMPACT_RECORDS_MIN: usize = 64;
+/// How many records ahead of the one being fired the slab entry is prefetched.
+const PREFETCH_AHEAD: usize = 24;
 
 const NIL: u32 = u32::MAX;
-/// `loc` of an entry on the free list.
-const LOC_FREE: u16 = u16::MAX;
-/// `loc` of an entry on the overflow list.
-const LOC_OVERFLOW: u16 = u16::MAX - 1;
 
 /// A handle to one scheduled entry. Stale handles (the entry fired or was
 /// cancelled, and the slot was reused) are detected by a generation count.
@@ -67,18 +93,38 @@ impl Key {
 
 struct Entry<T> {
     due_ms: u64,
-    prev: u32,
-    next: u32,
     generation: u32,
-    /// `level * SLOTS + slot`, or `LOC_OVERFLOW`, or `LOC_FREE`.
-    loc: u16,
+    /// Next free entry while this one is on the free list.
+    next_free: u32,
     value: Option<T>,
 }
 
-/// The next batch of entries to look at.
+/// A slot's reference to a slab entry: 12 bytes, alignment 4.
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    due_lo: u32,
+    due_hi: u32,
+    index: u32,
+}
+
+impl Record {
+    fn new(due_ms: u64, index: u32) -> Self {
+        Record {
+            due_lo: due_ms as u32,
+            due_hi: (due_ms >> 32) as u32,
+            index,
+        }
+    }
+
+    fn due_ms(self) -> u64 {
+        (u64::from(self.due_hi) << 32) | u64::from(self.due_lo)
+    }
+}
+
+/// The next batch of records to look at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Expiration {
-    /// Level and slot, or `None` for the overflow list.
+    /// Level and slot, or `None` for the overflow array.
     slot: Option<(usize, usize)>,
     /// When that slot's window starts.
     deadline_ms: u64,
@@ -88,9 +134,10 @@ struct Expiration {
 pub struct Wheel<T> {
     entries: Vec<Entry<T>>,
     free_head: u32,
-    heads: [[u32; SLOTS]; LEVELS],
+    /// `LEVELS * SLOTS` record arrays, level-major.
+    slots: Vec<Vec<Record>>,
     occupied: [u64; LEVELS],
-    overflow_head: u32,
+    overflow: Vec<Record>,
     /// Time up to which the wheel has been advanced, in ms.
     elapsed_ms: u64,
     len: usize,
@@ -115,24 +162,60 @@ fn slot_for(when_ms: u64, level: usize) -> usize {
     ((when_ms >> (level as u32 * SLOT_BITS)) & (SLOTS as u64 - 1)) as usize
 }
 
+/// Is `record` the live reference to its slab entry?
+fn record_is_live<T>(entries: &[Entry<T>], record: Record) -> bool {
+    let entry = &entries[record.index as usize];
+    entry.value.is_some() && entry.due_ms == record.due_ms()
+}
+
+/// Append `record`, compacting a full array before letting it grow.
+fn push_record<T>(entries: &[Entry<T>], records: &mut Vec<Record>, record: Record) {
+    if records.len() == records.capacity() && records.capacity() >= COMPACT_RECORDS_MIN {
+        let capacity = records.capacity();
+        records.retain(|r| record_is_live(entries, *r));
+        if records.len() > capacity / 2 {
+            // Mostly live: grow, so the next compaction is at least
+            // `capacity` pushes away.
+            records.reserve(capacity);
+        }
+    }
+    records.push(record);
+}
+
+#[inline(always)]
+fn prefetch<T>(entry: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it never faults and the pointer comes
+    // from a live reference.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            entry as *const T as *const i8,
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = entry;
+}
+
 impl<T> Wheel<T> {
     /// An empty wheel whose clock starts at `now_ms`.
     pub fn new(now_ms: u64) -> Self {
         Wheel {
             entries: Vec::new(),
             free_head: NIL,
-            heads: [[NIL; SLOTS]; LEVELS],
+            slots: (0..LEVELS * SLOTS).map(|_| Vec::new()).collect(),
             occupied: [0; LEVELS],
-            overflow_head: NIL,
+            overflow: Vec::new(),
             elapsed_ms: now_ms,
             len: 0,
         }
     }
 
-    /// An empty wheel with room for `capacity` entries before it allocates.
+    /// An empty wheel with room for `capacity` entries before the slab
+    /// allocates.
     pub fn with_capacity(now_ms: u64, capacity: usize) -> Self {
         let mut wheel = Self::new(now_ms);
         wheel.entries.reserve(capacity);
+        wheel.advise_huge_pages();
         wheel
     }
 
@@ -151,9 +234,15 @@ impl<T> Wheel<T> {
         self.elapsed_ms
     }
 
-    /// Bytes of slab storage per entry (for memory accounting).
+    /// Bytes of slab storage per entry (for memory accounting); each live
+    /// entry also has a 12-byte record in its slot.
     pub const fn entry_size() -> usize {
         std::mem::size_of::<Entry<T>>()
+    }
+
+    /// Records held in all slots, live and stale (for tests and accounting).
+    pub fn records_len(&self) -> usize {
+        self.slots.iter().map(Vec::len).sum::<usize>() + self.overflow.len()
     }
 
     /// Schedule `value` at `due_ms`. A `due_ms` in the past fires on the next
@@ -165,24 +254,27 @@ impl<T> Wheel<T> {
         let index = if self.free_head != NIL {
             let index = self.free_head;
             let entry = &mut self.entries[index as usize];
-            debug_assert_eq!(entry.loc, LOC_FREE);
-            self.free_head = entry.next;
+            debug_assert!(entry.value.is_none());
+            self.free_head = entry.next_free;
+            entry.next_free = NIL;
             entry.due_ms = due_ms;
             entry.value = Some(value);
             index
         } else {
             assert!(self.entries.len() < ENTRIES_MAX, "wheel is full");
+            let capacity = self.entries.capacity();
             self.entries.push(Entry {
                 due_ms,
-                prev: NIL,
-                next: NIL,
                 generation: 0,
-                loc: LOC_FREE,
+                next_free: NIL,
                 value: Some(value),
             });
+            if self.entries.capacity() != capacity {
+                self.advise_huge_pages();
+            }
             (self.entries.len() - 1) as u32
         };
-        self.place(index);
+        self.place(Record::new(due_ms, index));
         self.len += 1;
         Key {
             index,
@@ -190,13 +282,13 @@ impl<T> Wheel<T> {
         }
     }
 
-    /// Remove a scheduled entry. `None` if the key is stale.
+    /// Remove a scheduled entry. `None` if the key is stale. Its record stays
+    /// in its slot, stale, until reached or compacted.
     pub fn cancel(&mut self, key: Key) -> Option<T> {
         let entry = self.entries.get(key.index as usize)?;
-        if entry.generation != key.generation || entry.loc == LOC_FREE {
+        if entry.generation != key.generation || entry.value.is_none() {
             return None;
         }
-        self.unlink(key.index);
         Some(self.release(key.index))
     }
 
@@ -235,24 +327,28 @@ impl<T> Wheel<T> {
     /// When a live key is due.
     pub fn due_ms(&self, key: Key) -> Option<u64> {
         let entry = self.entries.get(key.index as usize)?;
-        (entry.generation == key.generation && entry.loc != LOC_FREE).then_some(entry.due_ms)
+        (entry.generation == key.generation && entry.value.is_some()).then_some(entry.due_ms)
     }
 
     /// Move a live entry to a new due time, keeping its key. False if stale.
     pub fn reschedule(&mut self, key: Key, due_ms: u64) -> bool {
-        match self.entries.get(key.index as usize) {
-            Some(e) if e.generation == key.generation && e.loc != LOC_FREE => {}
-            _ => return false,
+        let Some(entry) = self.entries.get_mut(key.index as usize) else {
+            return false;
+        };
+        if entry.generation != key.generation || entry.value.is_none() {
+            return false;
         }
-        self.unlink(key.index);
-        self.entries[key.index as usize].due_ms = due_ms;
-        self.place(key.index);
+        if entry.due_ms != due_ms {
+            entry.due_ms = due_ms;
+            self.place(Record::new(due_ms, key.index));
+        }
         true
     }
 
     /// The earliest time at which `poll` could return something, or `None`
-    /// when empty. Never later than the earliest due time; may be earlier
-    /// (a higher-level slot's window opens before its entries are due).
+    /// when no slot holds a record. Never later than the earliest due time;
+    /// may be earlier (a higher-level slot's window opens before its entries
+    /// are due, or a slot holds only stale records).
     pub fn next_deadline_ms(&self) -> Option<u64> {
         self.next_expiration().map(|e| e.deadline_ms)
     }
@@ -263,8 +359,8 @@ impl<T> Wheel<T> {
     pub fn poll(&mut self, now_ms: u64, limit: usize, mut fire: impl FnMut(Key, u64, T)) -> usize {
         let mut fired = 0;
         // Bounded: each turn either empties a slot whose window opened at or
-        // before `now_ms` (entries move strictly down a level or fire), or
-        // breaks out.
+        // before `now_ms` (records move strictly down a level, fire, or are
+        // dropped as stale), or breaks out.
         while fired < limit {
             let Some(expiration) = self.next_expiration() else {
                 break;
@@ -274,20 +370,38 @@ impl<T> Wheel<T> {
             }
             debug_assert!(expiration.deadline_ms >= self.elapsed_ms);
             self.elapsed_ms = expiration.deadline_ms;
-            let mut index = self.take_list(expiration.slot);
-            while index != NIL {
-                let next = self.entries[index as usize].next;
-                let due_ms = self.entries[index as usize].due_ms;
-                if due_ms <= now_ms && fired < limit {
-                    let generation = self.entries[index as usize].generation;
-                    let value = self.release(index);
-                    fired += 1;
-                    fire(Key { index, generation }, due_ms, value);
-                } else {
-                    self.place(index);
+            let records = self.take_records(expiration.slot);
+            let mut done = 0;
+            while done < records.len() {
+                if let Some(ahead) = records.get(done + PREFETCH_AHEAD) {
+                    prefetch(&self.entries[ahead.index as usize]);
                 }
-                index = next;
+                let record = records[done];
+                let due_ms = record.due_ms();
+                if due_ms > now_ms {
+                    self.cascade(record);
+                } else if fired == limit {
+                    break;
+                } else if record_is_live(&self.entries, record) {
+                    let generation = self.entries[record.index as usize].generation;
+                    let value = self.release(record.index);
+                    fired += 1;
+                    fire(
+                        Key {
+                            index: record.index,
+                            generation,
+                        },
+                        due_ms,
+                        value,
+                    );
+                }
+                done += 1;
             }
+            // Stopped by the limit: the rest go back, placed from `elapsed`.
+            for &record in &records[done..] {
+                self.cascade(record);
+            }
+            self.recycle(expiration.slot, records);
         }
         if fired < limit && now_ms > self.elapsed_ms {
             self.elapsed_ms = now_ms;
@@ -378,7 +492,7 @@ impl<T> Wheel<T> {
                 deadline_ms,
             });
         }
-        if self.overflow_head != NIL {
+        if !self.overflow.is_empty() {
             return Some(Expiration {
                 slot: None,
                 deadline_ms: (self.elapsed_ms | (SPAN_MS - 1)) + 1,
@@ -387,57 +501,84 @@ impl<T> Wheel<T> {
         None
     }
 
-    fn place(&mut self, index: u32) {
-        let due_ms = self.entries[index as usize].due_ms.max(self.elapsed_ms);
+    /// Where `record` belongs now: a slot (`level * SLOTS + slot`, marked
+    /// occupied) or `None` for the overflow array.
+    fn home_of(&mut self, record: Record) -> Option<usize> {
+        let due_ms = record.due_ms().max(self.elapsed_ms);
         let level = level_for(self.elapsed_ms, due_ms);
-        let (head, loc) = if level >= LEVELS {
-            (&mut self.overflow_head, LOC_OVERFLOW)
-        } else {
-            let slot = slot_for(due_ms, level);
-            self.occupied[level] |= 1 << slot;
-            (&mut self.heads[level][slot], (level * SLOTS + slot) as u16)
-        };
-        let old_head = *head;
-        *head = index;
-        if old_head != NIL {
-            self.entries[old_head as usize].prev = index;
+        if level >= LEVELS {
+            return None;
         }
-        let entry = &mut self.entries[index as usize];
-        entry.prev = NIL;
-        entry.next = old_head;
-        entry.loc = loc;
+        let slot = slot_for(due_ms, level);
+        self.occupied[level] |= 1 << slot;
+        Some(level * SLOTS + slot)
     }
 
-    fn unlink(&mut self, index: u32) {
-        let (prev, next, loc) = {
-            let e = &self.entries[index as usize];
-            (e.prev, e.next, e.loc)
+    /// Put a new record (from insert or reschedule) in its slot, compacting
+    /// the slot's array before it grows.
+    fn place(&mut self, record: Record) {
+        let records = match self.home_of(record) {
+            Some(at) => &mut self.slots[at],
+            None => &mut self.overflow,
         };
-        if next != NIL {
-            self.entries[next as usize].prev = prev;
-        }
-        if prev != NIL {
-            self.entries[prev as usize].next = next;
-        } else if loc == LOC_OVERFLOW {
-            self.overflow_head = next;
-        } else {
-            let (level, slot) = (loc as usize / SLOTS, loc as usize % SLOTS);
-            self.heads[level][slot] = next;
-            if next == NIL {
-                self.occupied[level] &= !(1 << slot);
-            }
+        push_record(&self.entries, records, record);
+    }
+
+    /// Move a record down during a cascade. No compaction: a cascade never
+    /// adds records, and it must not read the slab (that is its point).
+    fn cascade(&mut self, record: Record) {
+        match self.home_of(record) {
+            Some(at) => self.slots[at].push(record),
+            None => self.overflow.push(record),
         }
     }
 
-    /// Detach a whole list; its entries keep stale links that the caller
-    /// overwrites by placing or releasing each one.
-    fn take_list(&mut self, slot: Option<(usize, usize)>) -> u32 {
+    /// Detach a slot's records.
+    fn take_records(&mut self, slot: Option<(usize, usize)>) -> Vec<Record> {
         match slot {
             Some((level, slot)) => {
                 self.occupied[level] &= !(1 << slot);
-                std::mem::replace(&mut self.heads[level][slot], NIL)
+                std::mem::take(&mut self.slots[level * SLOTS + slot])
             }
-            None => std::mem::replace(&mut self.overflow_head, NIL),
+            None => std::mem::take(&mut self.overflow),
+        }
+    }
+
+    /// Give a drained array's allocation back to its slot when it is small
+    /// and the slot has not been refilled meanwhile.
+    fn recycle(&mut self, slot: Option<(usize, usize)>, mut records: Vec<Record>) {
+        if records.capacity() > KEEP_RECORDS_MAX {
+            return;
+        }
+        let home = match slot {
+            Some((level, slot)) => &mut self.slots[level * SLOTS + slot],
+            None => &mut self.overflow,
+        };
+        if home.capacity() == 0 {
+            records.clear();
+            *home = records;
+        }
+    }
+
+    /// Ask the kernel to back a large slab with 2 MiB pages (transparent huge
+    /// pages in `madvise` mode). Firing reads the slab at random addresses;
+    /// with 4 KiB pages nearly every such read past a few MiB also misses the
+    /// TLB. Runs only when the slab is (re)allocated; a hint, errors ignored.
+    fn advise_huge_pages(&self) {
+        #[cfg(target_os = "linux")]
+        {
+            const HUGE_PAGE: usize = 2 << 20;
+            let bytes = self.entries.capacity() * std::mem::size_of::<Entry<T>>();
+            let start = self.entries.as_ptr() as usize;
+            let first = start.next_multiple_of(HUGE_PAGE);
+            let end = (start + bytes) & !(HUGE_PAGE - 1);
+            if end > first {
+                // SAFETY: the range lies inside the slab's own allocation and
+                // MADV_HUGEPAGE changes no contents, only how pages are backed.
+                unsafe {
+                    libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+                }
+            }
         }
     }
 
@@ -445,9 +586,7 @@ impl<T> Wheel<T> {
         let entry = &mut self.entries[index as usize];
         let value = entry.value.take().expect("released entry holds a value");
         entry.generation = entry.generation.wrapping_add(1);
-        entry.loc = LOC_FREE;
-        entry.prev = NIL;
-        entry.next = self.free_head;
+        entry.next_free = self.free_head;
         self.free_head = index;
         self.len -= 1;
         value

@@ -166,10 +166,53 @@ fn earliest_from_is_ordered() {
     assert_eq!(got, vec![20, 300, 300, 500]);
 }
 
+#[test]
+fn insert_cancel_churn_keeps_records_bounded() {
+    // Lazy cancel leaves stale records behind; compaction before growth must
+    // keep them proportional to the live count, not to the number of cancels.
+    let mut wheel = Wheel::new(0);
+    let held: Vec<Key> = (0..1000u64).map(|i| wheel.insert(5_000 + i, i)).collect();
+    for i in 0..200_000u64 {
+        let k = wheel.insert(10_000 + i % 3_000_000, i);
+        assert_eq!(wheel.cancel(k), Some(i));
+    }
+    assert_eq!(wheel.len(), held.len());
+    assert!(
+        wheel.records_len() < 20_000,
+        "records {} for {} live",
+        wheel.records_len(),
+        wheel.len()
+    );
+    assert_eq!(drain(&mut wheel, 10_000).len(), 1000);
+    assert!(wheel.is_empty());
+}
+
+#[test]
+fn reschedule_back_and_forth_fires_once() {
+    let mut wheel = Wheel::new(0);
+    let k = wheel.insert(100, 1u64);
+    assert!(wheel.reschedule(k, 200));
+    assert!(wheel.reschedule(k, 100));
+    assert!(wheel.reschedule(k, 100));
+    assert_eq!(drain(&mut wheel, 99), vec![]);
+    assert_eq!(drain(&mut wheel, 100), vec![(100, 1)]);
+    assert_eq!(drain(&mut wheel, 1000), vec![]);
+    // The index is reused with the stale record's due: still one pop, on time.
+    let k1 = wheel.insert(2000, 2u64);
+    assert!(wheel.reschedule(k1, 3000));
+    assert_eq!(wheel.cancel(k1), Some(2));
+    let k2 = wheel.insert(3000, 3u64);
+    assert_eq!(k2.index(), k1.index());
+    assert_eq!(drain(&mut wheel, 2999), vec![]);
+    assert_eq!(drain(&mut wheel, 3000), vec![(3000, 3)]);
+    assert!(wheel.is_empty());
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Insert(u64),
     Cancel(usize),
+    Reschedule(usize, u64),
     Advance(u64),
 }
 
@@ -177,6 +220,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => prop_oneof![0u64..100, 0u64..5_000, 0u64..400_000, 0u64..(SPAN_MS * 2)].prop_map(Op::Insert),
         2 => any::<usize>().prop_map(Op::Cancel),
+        2 => (any::<usize>(), prop_oneof![0u64..100, 0u64..5_000, 0u64..400_000]).prop_map(|(p, d)| Op::Reschedule(p, d)),
         3 => prop_oneof![0u64..3, 0u64..200, 0u64..50_000, 0u64..(SPAN_MS)].prop_map(Op::Advance),
     ]
 }
@@ -207,10 +251,21 @@ proptest! {
                         model.remove(&(due, id));
                     }
                 }
+                Op::Reschedule(pick, delta) => {
+                    if !live.is_empty() {
+                        let n = pick % live.len();
+                        let (due, id, key) = live[n];
+                        let new_due = now + delta;
+                        prop_assert!(wheel.reschedule(key, new_due));
+                        model.remove(&(due, id));
+                        model.insert((new_due, id), key);
+                        live[n].0 = new_due;
+                    }
+                }
                 Op::Advance(delta) => {
                     now += delta;
-                    if let Some(next) = wheel.next_deadline_ms() {
-                        let earliest = model.keys().next().map(|k| k.0).unwrap();
+                    // Stale records may make the wheel wake early, never late.
+                    if let (Some(next), Some(&(earliest, _))) = (wheel.next_deadline_ms(), model.keys().next()) {
                         prop_assert!(next <= earliest.max(wheel.elapsed_ms()));
                     }
                     let mut got = Vec::new();
