@@ -5,12 +5,19 @@
 #
 #   perf/http-bench.sh [rounds] [seconds] [connections]
 #
+# Two configurations, both interleaved in the run:
+#  - "per core": nginx with one worker per core, chronos with one shard per
+#    core (its default). wrk shares the cores with them.
+#  - "1 worker": nginx with one worker, chronos with one shard, so wrk has
+#    the other core to itself (on this 2-core machine the load generator
+#    otherwise competes with the server for CPU).
+#
 # Needs: wrk, nginx (apt-get install wrk nginx-light), a release build.
 # Prints a table and writes perf/results/http-<date>.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; SECS=${2:-10}; CONNS=${3:-64}
-NGINX_PORT=18080; CHRONOS_PORT=17253
+NGINX_PORT=18080; CHRONOS_PORT=17253; NGINX1_PORT=18081; CHRONOS1_PORT=17254
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --release --quiet
 BIN="$TARGET_DIR/release/chronos"
@@ -28,15 +35,20 @@ http {
   server { listen 127.0.0.1:$NGINX_PORT reuseport; location / { return 200 "OK"; } }
 }
 CONF
+sed -e "s/^worker_processes $cores;/worker_processes 1;/" -e "s/$NGINX_PORT/$NGINX1_PORT/" \
+  -e "s#$WORK/nginx.pid#$WORK/nginx1.pid#" "$WORK/nginx.conf" > "$WORK/nginx1.conf"
 cat > "$WORK/post.lua" <<'LUA'
 wrk.method = "POST"
 wrk.body = '{"timing":{"interval":3600},"callback":{"http":{"uri":"http://127.0.0.1:9/cb","opaque":"wrk"}}}'
 wrk.headers["Content-Type"] = "application/json"
 LUA
 nginx -c "$WORK/nginx.conf"
+nginx -c "$WORK/nginx1.conf"
 "$BIN" --bind-port $CHRONOS_PORT --log-level warn 2>"$WORK/chronos.log" &
 CPID=$!
-trap 'kill $CPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -s stop 2>/dev/null; rm -rf "$WORK"' EXIT
+"$BIN" --bind-port $CHRONOS1_PORT --cores 1 --log-level warn 2>"$WORK/chronos1.log" &
+CPID1=$!
+trap 'kill $CPID $CPID1 2>/dev/null; nginx -c "$WORK/nginx.conf" -s stop 2>/dev/null; nginx -c "$WORK/nginx1.conf" -s stop 2>/dev/null; rm -rf "$WORK"' EXIT
 sleep 1
 run() { # name url [script]
   local out
@@ -54,5 +66,8 @@ RESULT="perf/results/http-$(date +%Y-%m-%d).txt"
     run "nginx GET /" "http://127.0.0.1:$NGINX_PORT/"
     run "chronos GET /ping" "http://127.0.0.1:$CHRONOS_PORT/ping"
     run "chronos POST /timers" "http://127.0.0.1:$CHRONOS_PORT/timers" "$WORK/post.lua"
+    run "nginx-1w GET /" "http://127.0.0.1:$NGINX1_PORT/"
+    run "chronos-1s GET /ping" "http://127.0.0.1:$CHRONOS1_PORT/ping"
+    run "chronos-1s POST /timers" "http://127.0.0.1:$CHRONOS1_PORT/timers" "$WORK/post.lua"
   done
 } | tee "$RESULT"
