@@ -14,7 +14,7 @@
 //! | 4     | ~4.7 h     | ~12.4 days            |
 //! | 5     | ~12.4 days | ~2.2 years (2^36 ms)  |
 //!
-//! Timers further away than the top level's window sit on an overflow list and
+//! Timers further away than the top level's window sit in an overflow array and
 //! are re-placed when the wheel crosses into their 2^36 ms window.
 //!
 //! # Storage
@@ -49,12 +49,12 @@
 //!   the array (then the array is more than half live anyway). It grows only
 //!   when more than a quarter of it is live, so a slot holds at most four
 //!   times its peak live count plus `COMPACT_RECORDS_MIN`. Compaction costs
-//!   fewer than two record checks per push, amortised, and none when nothing
+//!   at most two record checks per push, amortised, and none when nothing
 //!   was cancelled. One compaction is not bounded below the array's size: at
 //!   1 M timers in one 4.4-minute slot with constant cancel churn, one push
-//!   in about 150 000 paid ~1.6 ms (`perf/README.md`).
-//! - Insert, cancel and reschedule are O(1) and allocate nothing once the
-//!   slab and the slot arrays have grown.
+//!   in about 150 000 paid up to 1.7 ms (`perf/README.md`).
+//! - Cancel is O(1); insert and reschedule are O(1) amortised (compaction,
+//!   above) and allocate nothing once the slab and the slot arrays have grown.
 //! - The wheel does no I/O and reads no clock: time comes in as `now`.
 
 /// Bits of the slot index within a level.
