@@ -61,7 +61,7 @@ run() { # name url [script]
 }
 RESULT="perf/results/http-$(date +%Y-%m-%d).txt"
 {
-  echo "# $(date -Iseconds) $(uname -r) $(nproc) cores; wrk -t1 -c$CONNS -d${SECS}s; chronos and nginx on every core"
+  echo "# $(date -Iseconds) $(uname -r) $(nproc) cores; wrk -t1 -c$CONNS -d${SECS}s; per core: chronos and nginx on every core; 1w/1s: one worker, one shard"
   for r in $(seq 1 "$ROUNDS"); do
     run "nginx GET /" "http://127.0.0.1:$NGINX_PORT/"
     run "chronos GET /ping" "http://127.0.0.1:$CHRONOS_PORT/ping"

@@ -324,24 +324,9 @@ fn sink_connection(stream: TcpStream, arrivals: Arc<Mutex<Vec<Arrival>>>, count:
             .and_then(|p| p.rsplit('/').next())
             .and_then(|s| s.parse().ok())
             .unwrap_or(u64::MAX);
-        let (mut len, mut sequence) = (0usize, 0u32);
-        loop {
-            line.clear();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = line.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((n, v)) = h.split_once(':') {
-                if n.eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().unwrap_or(0);
-                } else if n.eq_ignore_ascii_case("x-sequence-number") {
-                    sequence = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
+        let Ok(Some((len, sequence))) = read_headers(&mut reader, &mut line) else {
+            return;
+        };
         body.resize(len, 0);
         if reader.read_exact(&mut body).is_err() {
             return;
@@ -386,6 +371,33 @@ fn seconds(ms: u64) -> String {
     format!("{}.{:03}", ms / 1000, ms % 1000)
 }
 
+/// Read header lines up to the blank line that ends them. Returns
+/// `Content-Length` and `X-Sequence-Number` (0 when absent), or `None` when
+/// the stream ends first.
+fn read_headers(
+    reader: &mut impl BufRead,
+    line: &mut String,
+) -> std::io::Result<Option<(usize, u32)>> {
+    let (mut len, mut sequence) = (0usize, 0u32);
+    loop {
+        line.clear();
+        if reader.read_line(line)? == 0 {
+            return Ok(None);
+        }
+        let h = line.trim_end();
+        if h.is_empty() {
+            return Ok(Some((len, sequence)));
+        }
+        if let Some((n, v)) = h.split_once(':') {
+            if n.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap_or(0);
+            } else if n.eq_ignore_ascii_case("x-sequence-number") {
+                sequence = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+}
+
 fn read_response(reader: &mut BufReader<TcpStream>, line: &mut String) -> Result<u16, String> {
     line.clear();
     reader.read_line(line).map_err(|e| e.to_string())?;
@@ -394,20 +406,9 @@ fn read_response(reader: &mut BufReader<TcpStream>, line: &mut String) -> Result
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("bad status line {line:?}"))?;
-    let mut len = 0usize;
-    loop {
-        line.clear();
-        reader.read_line(line).map_err(|e| e.to_string())?;
-        let h = line.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        if let Some((n, v)) = h.split_once(':') {
-            if n.eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-        }
-    }
+    let (len, _) = read_headers(reader, line)
+        .map_err(|e| e.to_string())?
+        .ok_or("connection closed in the response head")?;
     let mut body = vec![0u8; len];
     reader.read_exact(&mut body).map_err(|e| e.to_string())?;
     Ok(status)

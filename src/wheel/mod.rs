@@ -74,7 +74,7 @@ pub const ENTRIES_MAX: usize = (u32::MAX - 1) as usize;
 const KEEP_RECORDS_MAX_LEVEL0: usize = 4096;
 /// The same bound for the other levels' arrays. An idle wheel holds at most
 /// `SLOTS * (KEEP_RECORDS_MAX_LEVEL0 + (LEVELS - 1) * KEEP_RECORDS_MAX) * 12`
-/// B (3.8 MiB) of empty arrays.
+/// B (3.9 MiB) of empty arrays.
 const KEEP_RECORDS_MAX: usize = 256;
 /// A full slot array below this size grows without compacting first.
 const COMPACT_RECORDS_MIN: usize = 64;
@@ -420,13 +420,10 @@ impl<T> Wheel<T> {
             // Pass 2: fire. Each slab entry is prefetched a few records
             // ahead, so the misses overlap instead of forming a chain.
             let mut done = 0;
-            while done < due {
+            while done < due && fired < limit {
                 if done + PREFETCH_AHEAD < due {
                     let ahead = records[done + PREFETCH_AHEAD];
                     prefetch(&self.entries[ahead.index as usize]);
-                }
-                if fired == limit {
-                    break;
                 }
                 let record = records[done];
                 self.records -= 1;
