@@ -36,6 +36,11 @@ pub struct HttpConfig {
     pub body_bytes_max: usize,
     /// Idle keep-alive connections are closed after this long.
     pub idle_timeout_ms: u64,
+    /// Drive the sockets with the shard's own io_uring (multishot accept
+    /// and receive, batched sends; `http::ring`) rather than glommio's
+    /// `TcpStream`. Off by default; falls back to glommio if the ring cannot
+    /// be set up.
+    pub net_ring: bool,
 }
 
 impl Default for HttpConfig {
@@ -47,6 +52,7 @@ impl Default for HttpConfig {
             header_bytes_max: 16 * 1024,
             body_bytes_max: 256 * 1024,
             idle_timeout_ms: 300_000,
+            net_ring: false,
         }
     }
 }

@@ -1,16 +1,22 @@
-//! The HTTP/1.1 server side: one accept loop per shard on its own
-//! `SO_REUSEPORT` listener, one task per connection.
+//! The HTTP/1.1 server side: one listener per shard on the shared port
+//! (`SO_REUSEPORT`), one task per connection. Sockets are driven by the
+//! shard's network ring ([`crate::http::ring`], `[http] net-ring = true`)
+//! or by glommio's own `TcpStream` ([`accept_loop`], the default, and the
+//! fallback where the ring cannot be set up).
 //!
 //! A connection reads into one buffer, answers every complete (pipelined)
 //! request in it into one write buffer, and writes that buffer with a single
 //! `write_all`: one read and one write per batch of requests.
 
 use crate::api;
+use crate::http::ring::{Acceptor, RingConn};
 use crate::http::{parse_request, write_response, Parsed};
 use crate::shard::Shard;
 use crate::stats::ShardStats;
 use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
+use std::future::Future;
+use std::io;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -18,7 +24,86 @@ use std::time::Duration;
 /// Bytes read per `read` call (and the initial buffer size).
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Accept until shutdown.
+/// A connection as `serve` sees it.
+pub trait Conn {
+    /// Read into `buf`; `Ok(0)` at end of stream or idle timeout.
+    fn read<'a>(&'a mut self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + 'a;
+    /// Write all of `data`.
+    fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a;
+}
+
+impl Conn for RingConn {
+    fn read<'a>(&'a mut self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + 'a {
+        RingConn::read(self, buf)
+    }
+    fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a {
+        RingConn::write_all(self, data)
+    }
+}
+
+/// glommio's stream, with the idle timeout as its read timeout.
+pub struct GlommioConn(TcpStream);
+
+impl Conn for GlommioConn {
+    fn read<'a>(&'a mut self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + 'a {
+        AsyncReadExt::read(&mut self.0, buf)
+    }
+    fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a {
+        AsyncWriteExt::write_all(&mut self.0, data)
+    }
+}
+
+/// The shard's side of the network ring: admission, shutdown, idle timeout.
+pub struct ShardAcceptor(pub Rc<Shard>);
+
+impl Acceptor for ShardAcceptor {
+    fn accept(&self, conn: RingConn) {
+        let shard = &self.0;
+        if shard.shutting_down.get() {
+            return;
+        }
+        let stats = shard.my_stats();
+        if shard.connections.get() >= shard.resolved.config.http.connections_max {
+            ShardStats::add(&stats.connections_rejected, 1);
+            glommio::spawn_local(reject(conn)).detach();
+            return;
+        }
+        admitted(shard.clone(), conn);
+    }
+    fn stopping(&self) -> bool {
+        self.0.shutting_down.get()
+    }
+    fn in_hand(&self) -> bool {
+        self.0.busy.get() > 0
+    }
+    fn stop_wait(&self) -> impl Future<Output = ()> + '_ {
+        // The accept loop's wake-up; that loop does not run beside the ring.
+        self.0.accept_wake.wait()
+    }
+    fn idle_timeout_ms(&self) -> u64 {
+        self.0.resolved.config.http.idle_timeout_ms
+    }
+}
+
+/// Count the connection and serve it on its own task.
+fn admitted<C: Conn + 'static>(shard: Rc<Shard>, conn: C) {
+    shard.connections.set(shard.connections.get() + 1);
+    shard
+        .my_stats()
+        .connections_open
+        .fetch_add(1, Ordering::Relaxed);
+    glommio::spawn_local(async move {
+        serve(&shard, conn).await;
+        shard.connections.set(shard.connections.get() - 1);
+        shard
+            .my_stats()
+            .connections_open
+            .fetch_sub(1, Ordering::Relaxed);
+    })
+    .detach();
+}
+
+/// Accept until shutdown (glommio's sockets).
 pub async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
     let max = shard.resolved.config.http.connections_max;
     loop {
@@ -40,38 +125,28 @@ pub async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
         if shard.shutting_down.get() {
             return;
         }
-        let stats = shard.my_stats();
+        let _ = stream.set_nodelay(true);
+        let idle = Duration::from_millis(shard.resolved.config.http.idle_timeout_ms);
+        let _ = stream.set_read_timeout(Some(idle));
+        let stream = GlommioConn(stream);
         if shard.connections.get() >= max {
-            ShardStats::add(&stats.connections_rejected, 1);
+            ShardStats::add(&shard.my_stats().connections_rejected, 1);
             glommio::spawn_local(reject(stream)).detach();
             continue;
         }
-        shard.connections.set(shard.connections.get() + 1);
-        stats.connections_open.fetch_add(1, Ordering::Relaxed);
-        let shard = shard.clone();
-        glommio::spawn_local(async move {
-            serve(&shard, stream).await;
-            shard.connections.set(shard.connections.get() - 1);
-            shard
-                .my_stats()
-                .connections_open
-                .fetch_sub(1, Ordering::Relaxed);
-        })
-        .detach();
+        admitted(shard.clone(), stream);
     }
 }
 
-async fn reject(mut stream: TcpStream) {
+async fn reject<C: Conn>(mut stream: C) {
     let mut out = Vec::new();
     write_response(&mut out, 503, &[], b"too many connections", true);
     let _ = stream.write_all(&out).await;
 }
 
 /// Serve one connection until it closes, errs, idles out, or shutdown.
-async fn serve(shard: &Shard, mut stream: TcpStream) {
+async fn serve<C: Conn>(shard: &Shard, mut stream: C) {
     let cfg = &shard.resolved.config.http;
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(cfg.idle_timeout_ms)));
     // Whole requests must fit: head + body, plus one read of slack.
     let buf_max = cfg.header_bytes_max + cfg.body_bytes_max + READ_CHUNK;
     let mut buf = vec![0u8; READ_CHUNK];

@@ -11,13 +11,16 @@ pub mod mesh;
 pub mod notify;
 
 use crate::config::Resolved;
-use crate::http::server::accept_loop;
+use crate::http::ring::NetRing;
+use crate::http::server::{accept_loop, ShardAcceptor};
 use crate::shard::{pop_loop, Shard, SHUTDOWN};
 use crate::stats::ShardStats;
 use glommio::channels::channel_mesh::MeshBuilder;
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use mesh::{Mesh, MeshMsg};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +32,10 @@ pub const IO_MEMORY_BYTES: usize = 2 << 20;
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often each shard checks the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(20);
+
+/// Connection slots the network ring keeps beyond `connections-max`, so
+/// that connections over the limit still get their `503`.
+const REFUSE_SLACK: usize = 64;
 
 /// Slack left in `RLIMIT_MEMLOCK` for anything else that locks memory.
 const MEMLOCK_SLACK_BYTES: usize = 1 << 20;
@@ -66,6 +73,88 @@ fn io_memory_per_shard(shards: usize) -> usize {
         "RLIMIT_MEMLOCK is {current} bytes and cannot be raised: io_memory {share} bytes per shard"
     );
     share
+}
+
+/// Pending connections the kernel queues per shard listener.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// A TCP listener on `addr` with `SO_REUSEPORT` (one per shard on the same
+/// port; the kernel spreads connections across them), non-blocking.
+fn bind_reuseport(addr: &str) -> std::io::Result<OwnedFd> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    let sa = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other("address resolves to nothing"))?;
+    let last = std::io::Error::last_os_error;
+    let domain = if sa.is_ipv6() {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    };
+    // SAFETY: plain socket syscalls on a fresh fd we own; every struct passed
+    // is fully initialised and sized as the kernel expects.
+    unsafe {
+        let fd = libc::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        );
+        if fd < 0 {
+            return Err(last());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        for opt in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+            if libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &one as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) != 0
+            {
+                return Err(last());
+            }
+        }
+        let rc = match sa {
+            SocketAddr::V4(v4) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: v4.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                libc::bind(
+                    fd.as_raw_fd(),
+                    &sin as *const _ as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+            SocketAddr::V6(v6) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: v6.port().to_be(),
+                    sin6_flowinfo: v6.flowinfo(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: v6.ip().octets(),
+                    },
+                    sin6_scope_id: v6.scope_id(),
+                };
+                libc::bind(
+                    fd.as_raw_fd(),
+                    &sin6 as *const _ as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        };
+        if rc != 0 || libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) != 0 {
+            return Err(last());
+        }
+        Ok(fd)
+    }
 }
 
 /// Start the SIGTERM/SIGINT watcher thread.
@@ -173,7 +262,7 @@ async fn run_shard(
     let shard = Shard::new(index, resolved.clone(), stats.clone(), Mesh::new(senders));
     let http = &resolved.config.http;
     let addr = format!("{}:{}", http.bind_address, http.bind_port);
-    let listener = match TcpListener::bind(addr.as_str()) {
+    let listener = match bind_reuseport(addr.as_str()) {
         Ok(l) => l,
         Err(e) => {
             SHUTDOWN.store(true, Ordering::SeqCst);
@@ -209,10 +298,38 @@ async fn run_shard(
             "listening"
         );
     }
-    accept_loop(shard.clone(), listener).await;
-    let started = Instant::now();
-    while shard.busy.get() > 0 && started.elapsed() < DRAIN_TIMEOUT {
-        glommio::timer::sleep(Duration::from_millis(5)).await;
+    let ring = if http.net_ring {
+        // Room for the 503 answers beyond `connections-max`.
+        let slots = http.connections_max + REFUSE_SLACK;
+        let in_bytes_high = http.header_bytes_max + http.body_bytes_max;
+        match NetRing::new(listener.as_raw_fd(), slots, in_bytes_high) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(
+                    target: "chronos::runtime",
+                    "shard {index}: network ring unavailable ({e}); using glommio sockets"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    match ring {
+        Some(ring) => {
+            // Returns once shutdown has drained (or DRAIN_TIMEOUT passed).
+            ring.run(Rc::new(ShardAcceptor(shard.clone())), DRAIN_TIMEOUT)
+                .await;
+        }
+        None => {
+            // SAFETY: the fd is a bound, listening TCP socket we own.
+            let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
+            accept_loop(shard.clone(), listener).await;
+            let started = Instant::now();
+            while shard.busy.get() > 0 && started.elapsed() < DRAIN_TIMEOUT {
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+            }
+        }
     }
     shard.mesh.close();
     Ok(())
