@@ -12,9 +12,15 @@
 #    the other core to itself (on this 2-core machine the load generator
 #    otherwise competes with the server for CPU).
 #
-# The chronos rows use its defaults (glommio's sockets); "chronos-ring" rows
-# are the same binary with `[http] net-ring = true` (src/http/ring.rs), the
-# A/B for the network ring.
+# The chronos rows use its defaults (the network ring, src/http/ring.rs);
+# "chronos-glommio" rows are the same binary with `[http] net-ring = false`
+# (glommio's sockets), the A/B for the ring.
+#
+# Besides req/s and latency, each row gives the server's CPU per request
+# (user + system time of its processes over the run, from /proc, divided by
+# the requests wrk completed): on 2 cores shared with wrk, a server that
+# spends less CPU per request leaves more to the load generator, and this
+# figure varies far less between runs than req/s does.
 #
 # Needs: wrk, nginx (apt-get install wrk nginx-light), a release build.
 # Prints a table and writes perf/results/http-<date>.txt.
@@ -22,7 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; SECS=${2:-10}; CONNS=${3:-64}
 NGINX_PORT=18080; CHRONOS_PORT=17253; NGINX1_PORT=18081; CHRONOS1_PORT=17254
-RING_PORT=17255; RING1_PORT=17256
+GLOMMIO_PORT=17255; GLOMMIO1_PORT=17256
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --release --quiet
 BIN="$TARGET_DIR/release/chronos"
@@ -53,33 +59,45 @@ nginx -c "$WORK/nginx1.conf"
 CPID=$!
 "$BIN" --bind-port $CHRONOS1_PORT --cores 1 --log-level warn 2>"$WORK/chronos1.log" &
 CPID1=$!
-printf '[http]\nnet-ring = true\n' > "$WORK/ring.toml"
-"$BIN" --config "$WORK/ring.toml" --bind-port $RING_PORT --log-level warn 2>"$WORK/ring.log" &
+printf '[http]\nnet-ring = false\n' > "$WORK/glommio.toml"
+"$BIN" --config "$WORK/glommio.toml" --bind-port $GLOMMIO_PORT --log-level warn 2>"$WORK/glommio.log" &
 GPID=$!
-"$BIN" --config "$WORK/ring.toml" --bind-port $RING1_PORT --cores 1 --log-level warn 2>"$WORK/ring1.log" &
+"$BIN" --config "$WORK/glommio.toml" --bind-port $GLOMMIO1_PORT --cores 1 --log-level warn 2>"$WORK/glommio1.log" &
 GPID1=$!
 trap 'kill $CPID $CPID1 $GPID $GPID1 2>/dev/null; nginx -c "$WORK/nginx.conf" -s stop 2>/dev/null; nginx -c "$WORK/nginx1.conf" -s stop 2>/dev/null; rm -rf "$WORK"' EXIT
 sleep 1
-run() { # name url [script]
-  local out
-  if [ -n "${3:-}" ]; then out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$3" "$2"); else out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "$2"); fi
-  local rps p50 p99
+NGINX_PIDS=$(pgrep -f "nginx: worker" -P "$(cat "$WORK/nginx.pid")" | tr '\n' ' ')
+NGINX1_PIDS=$(pgrep -f "nginx: worker" -P "$(cat "$WORK/nginx1.pid")" | tr '\n' ' ')
+ticks() { # total user+system clock ticks of the given pids
+  local t=0 p
+  for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo $t
+}
+HZ=$(getconf CLK_TCK)
+run() { # name pids url [script]
+  local out before after
+  before=$(ticks $2)
+  if [ -n "${4:-}" ]; then out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$4" "$3"); else out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "$3"); fi
+  after=$(ticks $2)
+  local rps p50 p99 reqs cpu
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   p50=$(echo "$out" | awk '$1=="50%" {print $2}')
   p99=$(echo "$out" | awk '$1=="99%" {print $2}')
-  printf '%-28s %12s req/s   p50 %8s   p99 %8s\n' "$1" "$rps" "$p50" "$p99"
+  reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+  cpu=$(awk -v t=$((after - before)) -v hz="$HZ" -v n="$reqs" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
+  printf '%-28s %12s req/s   p50 %8s   p99 %8s   cpu %6s us/req\n' "$1" "$rps" "$p50" "$p99" "$cpu"
 }
 RESULT="perf/results/http-$(date +%Y-%m-%d).txt"
 {
   echo "# $(date -Iseconds) $(uname -r) $(nproc) cores; wrk -t1 -c$CONNS -d${SECS}s; per core: chronos and nginx on every core; 1w/1s: one worker, one shard"
   for r in $(seq 1 "$ROUNDS"); do
-    run "nginx GET /" "http://127.0.0.1:$NGINX_PORT/"
-    run "chronos GET /ping" "http://127.0.0.1:$CHRONOS_PORT/ping"
-    run "chronos POST /timers" "http://127.0.0.1:$CHRONOS_PORT/timers" "$WORK/post.lua"
-    run "chronos-ring GET /ping" "http://127.0.0.1:$RING_PORT/ping"
-    run "nginx-1w GET /" "http://127.0.0.1:$NGINX1_PORT/"
-    run "chronos-1s GET /ping" "http://127.0.0.1:$CHRONOS1_PORT/ping"
-    run "chronos-1s POST /timers" "http://127.0.0.1:$CHRONOS1_PORT/timers" "$WORK/post.lua"
-    run "chronos-ring-1s GET /ping" "http://127.0.0.1:$RING1_PORT/ping"
+    run "nginx GET /" "$NGINX_PIDS" "http://127.0.0.1:$NGINX_PORT/"
+    run "chronos GET /ping" "$CPID" "http://127.0.0.1:$CHRONOS_PORT/ping"
+    run "chronos POST /timers" "$CPID" "http://127.0.0.1:$CHRONOS_PORT/timers" "$WORK/post.lua"
+    run "chronos-glommio GET /ping" "$GPID" "http://127.0.0.1:$GLOMMIO_PORT/ping"
+    run "nginx-1w GET /" "$NGINX1_PIDS" "http://127.0.0.1:$NGINX1_PORT/"
+    run "chronos-1s GET /ping" "$CPID1" "http://127.0.0.1:$CHRONOS1_PORT/ping"
+    run "chronos-1s POST /timers" "$CPID1" "http://127.0.0.1:$CHRONOS1_PORT/timers" "$WORK/post.lua"
+    run "chronos-glommio-1s GET /ping" "$GPID1" "http://127.0.0.1:$GLOMMIO1_PORT/ping"
   done
 } | tee "$RESULT"

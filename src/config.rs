@@ -38,8 +38,8 @@ pub struct HttpConfig {
     pub idle_timeout_ms: u64,
     /// Drive the sockets with the shard's own io_uring (multishot accept
     /// and receive, batched sends; `http::ring`) rather than glommio's
-    /// `TcpStream`. Off by default; falls back to glommio if the ring cannot
-    /// be set up.
+    /// `TcpStream`. On by default (perf/README.md, "HTTP"); falls back to
+    /// glommio's sockets if the ring cannot be set up.
     pub net_ring: bool,
 }
 
@@ -52,7 +52,7 @@ impl Default for HttpConfig {
             header_bytes_max: 16 * 1024,
             body_bytes_max: 256 * 1024,
             idle_timeout_ms: 300_000,
-            net_ring: false,
+            net_ring: true,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The sockets layer under the HTTP server, against the real binary over
-//! loopback: glommio's sockets (the default) and the network ring
-//! (`[http] net-ring = true`) must behave alike.
+//! loopback: the network ring (the default) and glommio's sockets
+//! (`[http] net-ring = false`) must behave alike.
 
 mod common;
 use common::*;

@@ -262,6 +262,12 @@ impl NetRing {
         let uring = IoUring::builder()
             .setup_cqsize(SQ_ENTRIES * 4)
             .setup_single_issuer()
+            // No IPI per completion while the shard runs user code: the
+            // completions run at its next kernel entry (it makes one every
+            // executor loop), or wake it if it sleeps. TASKRUN_FLAG tells the
+            // driver when an enter is needed to run them.
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
             .build(SQ_ENTRIES)?;
         let bufs = BufRing::new()?;
         // SAFETY: the entry ring stays mapped for the ring's lifetime (it is
@@ -416,7 +422,7 @@ impl NetRing {
             let needs_enter = {
                 let mut uring = self.uring.borrow_mut();
                 let sq = uring.submission();
-                !sq.is_empty() || sq.cq_overflow()
+                !sq.is_empty() || sq.cq_overflow() || sq.taskrun()
             };
             if needs_enter {
                 if let Err(e) = self.uring.borrow().submit() {
