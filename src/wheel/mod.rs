@@ -253,6 +253,11 @@ impl<T> Wheel<T> {
         wheel
     }
 
+    /// Slab entries ever allocated (live or free): every live index is below.
+    pub fn slab_len(&self) -> usize {
+        self.entries.len()
+    }
+
     /// Number of scheduled entries.
     pub fn len(&self) -> usize {
         self.len
