@@ -66,6 +66,8 @@ fn main() -> ExitCode {
         connections_max = c.http.connections_max,
         header_bytes_max = c.http.header_bytes_max,
         body_bytes_max = c.http.body_bytes_max,
+        idle_timeout_ms = c.http.idle_timeout_ms,
+        net_ring = c.http.net_ring,
         "resolved configuration"
     );
     match chronos::runtime::run(resolved) {
