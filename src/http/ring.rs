@@ -26,7 +26,9 @@
 //! length); input held per connection ([`NetRing::in_bytes_high`]: beyond it
 //! the connection's `RECV` is cancelled until its task catches up); output
 //! queued per connection ([`OUT_BYTES_HIGH`]: beyond it the writer waits);
-//! CQEs handled per pass ([`REAP_BATCH`]).
+//! CQEs handled per pass ([`REAP_BATCH`]); submits tried to make room for an
+//! SQE ([`PUSH_ATTEMPTS_MAX`], after which that operation fails and its
+//! connection ends).
 //!
 //! Invariants: a connection's slot (and so its buffers, which the kernel may
 //! be reading or writing) is freed only when it has no operation in flight;
@@ -58,6 +60,9 @@ pub const OUT_BYTES_HIGH: usize = 256 * 1024;
 const BGID: u16 = 0;
 /// How often idle connections are looked for.
 const SWEEP_PERIOD: Duration = Duration::from_millis(500);
+/// Submits tried to make room for one SQE before its operation fails (one
+/// normally suffices: the kernel consumes the whole queue).
+const PUSH_ATTEMPTS_MAX: usize = 4;
 
 // user_data: op in the top byte, slot generation in the next 24 bits, slot
 // index in the low 32.
@@ -317,19 +322,24 @@ impl NetRing {
             .any(|c| c.out_pending())
     }
 
-    fn push(&self, entry: squeue::Entry) {
+    /// Queue an SQE. `false` if the queue stayed full after
+    /// [`PUSH_ATTEMPTS_MAX`] submits: the caller fails the operation.
+    #[must_use]
+    fn push(&self, entry: squeue::Entry) -> bool {
         let mut uring = self.uring.borrow_mut();
-        loop {
+        for _ in 0..PUSH_ATTEMPTS_MAX {
             // SAFETY: every buffer an entry points at is owned by a slot
             // that is not freed while the operation is in flight.
             if unsafe { uring.submission().push(&entry) }.is_ok() {
-                return;
+                return true;
             }
             // Full: hand what is queued to the kernel and retry.
             if let Err(e) = uring.submit() {
                 tracing::warn!(target: "chronos::http", "io_uring submit: {e}");
             }
         }
+        tracing::warn!(target: "chronos::http", "io_uring submission queue stays full");
+        false
     }
 
     /// Queue `conn` for the driver's next pass (from the driver itself).
@@ -405,18 +415,25 @@ impl NetRing {
             }
             if stopping_since.is_some() {
                 if self.accept_armed.get() && !self.accept_cancelled.replace(true) {
-                    self.push(
+                    let queued = self.push(
                         opcode::AsyncCancel::new(user_data(OP_ACCEPT, 0, 0))
                             .build()
                             .user_data(user_data(OP_CANCEL, u32::MAX, 0)),
                     );
+                    // Not queued: try again next pass.
+                    self.accept_cancelled.set(queued);
                 }
             } else if !self.accept_backoff.get() && !self.accept_armed.replace(true) {
-                self.push(
+                let queued = self.push(
                     opcode::AcceptMulti::new(types::Fd(self.listener_fd))
                         .build()
                         .user_data(user_data(OP_ACCEPT, 0, 0)),
                 );
+                if !queued {
+                    // Re-armed by the next sweep.
+                    self.accept_armed.set(false);
+                    self.accept_backoff.set(true);
+                }
             }
             self.flush_dirty();
             let needs_enter = {
@@ -487,13 +504,20 @@ impl NetRing {
                 if more {
                     let sending = conn.sending.borrow();
                     let rest = &sending[conn.sent.get()..];
-                    conn.send_inflight.set(true);
-                    self.push(
+                    let queued = self.push(
                         opcode::Send::new(types::Fd(conn.fd), rest.as_ptr(), rest.len() as u32)
                             .flags(libc::MSG_NOSIGNAL)
                             .build()
                             .user_data(user_data(OP_SEND, conn.index, conn.gen)),
                     );
+                    conn.send_inflight.set(queued);
+                    if !queued {
+                        // The connection fails; nothing is in flight for it.
+                        conn.write_failed.set(true);
+                        conn.eof.set(true);
+                        conn.wake_reader();
+                        conn.wake_writer();
+                    }
                 }
             }
             // Input: (re-)arm unless closed, paused above the high mark, or
@@ -506,12 +530,16 @@ impl NetRing {
                 && unread < self.in_bytes_high / 2
             {
                 conn.recv_paused.set(false);
-                conn.recv_armed.set(true);
-                self.push(
+                let queued = self.push(
                     opcode::RecvMulti::new(types::Fd(conn.fd), BGID)
                         .build()
                         .user_data(user_data(OP_RECV, conn.index, conn.gen)),
                 );
+                conn.recv_armed.set(queued);
+                if !queued {
+                    conn.eof.set(true);
+                    conn.wake_reader();
+                }
             }
             // Close: the task is gone and its output is out (or cannot go).
             if conn.task_done.get() && (!conn.out_pending() || conn.write_failed.get()) {
@@ -532,12 +560,18 @@ impl NetRing {
     }
 
     fn cancel_recv(&self, conn: &ConnShared) {
-        conn.cancel_inflight.set(true);
-        self.push(
+        let queued = self.push(
             opcode::AsyncCancel::new(user_data(OP_RECV, conn.index, conn.gen))
                 .build()
                 .user_data(user_data(OP_CANCEL, conn.index, conn.gen)),
         );
+        conn.cancel_inflight.set(queued);
+        if !queued {
+            // End the RECV from the socket's side instead: it completes
+            // without `MORE` and the connection reads end of stream.
+            // SAFETY: shutdown on our own, still open fd.
+            unsafe { libc::shutdown(conn.fd, libc::SHUT_RD) };
+        }
     }
 
     /// Close the socket and free the slot (no operation may be in flight).
