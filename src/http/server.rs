@@ -1,8 +1,8 @@
 //! The HTTP/1.1 server side: one listener per shard on the shared port
 //! (`SO_REUSEPORT`), one task per connection. Sockets are driven by the
-//! shard's network ring ([`crate::http::ring`], `[http] net-ring = true`)
-//! or by glommio's own `TcpStream` ([`accept_loop`], the default, and the
-//! fallback where the ring cannot be set up).
+//! shard's network ring ([`crate::http::ring`], `[http] net-ring = true`,
+//! the default) or by glommio's own `TcpStream` ([`accept_loop`], with
+//! `net-ring = false` and where the ring cannot be set up).
 //!
 //! A connection reads into one buffer, answers every complete (pipelined)
 //! request in it into one write buffer, and writes that buffer with a single
@@ -58,17 +58,9 @@ pub struct ShardAcceptor(pub Rc<Shard>);
 
 impl Acceptor for ShardAcceptor {
     fn accept(&self, conn: RingConn) {
-        let shard = &self.0;
-        if shard.shutting_down.get() {
-            return;
+        if !self.0.shutting_down.get() {
+            admit(&self.0, conn);
         }
-        let stats = shard.my_stats();
-        if shard.connections.get() >= shard.resolved.config.http.connections_max {
-            ShardStats::add(&stats.connections_rejected, 1);
-            glommio::spawn_local(reject(conn)).detach();
-            return;
-        }
-        admitted(shard.clone(), conn);
     }
     fn stopping(&self) -> bool {
         self.0.shutting_down.get()
@@ -85,8 +77,15 @@ impl Acceptor for ShardAcceptor {
     }
 }
 
-/// Count the connection and serve it on its own task.
-fn admitted<C: Conn + 'static>(shard: Rc<Shard>, conn: C) {
+/// Beyond `connections-max`, answer `503` and close; otherwise count the
+/// connection and serve it on its own task.
+fn admit<C: Conn + 'static>(shard: &Rc<Shard>, conn: C) {
+    if shard.connections.get() >= shard.resolved.config.http.connections_max {
+        ShardStats::add(&shard.my_stats().connections_rejected, 1);
+        glommio::spawn_local(reject(conn)).detach();
+        return;
+    }
+    let shard = shard.clone();
     shard.connections.set(shard.connections.get() + 1);
     shard
         .my_stats()
@@ -105,7 +104,6 @@ fn admitted<C: Conn + 'static>(shard: Rc<Shard>, conn: C) {
 
 /// Accept until shutdown (glommio's sockets).
 pub async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
-    let max = shard.resolved.config.http.connections_max;
     loop {
         let accepted = future::or(async { Some(listener.accept().await) }, async {
             shard.accept_wake.wait().await;
@@ -128,13 +126,7 @@ pub async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
         let _ = stream.set_nodelay(true);
         let idle = Duration::from_millis(shard.resolved.config.http.idle_timeout_ms);
         let _ = stream.set_read_timeout(Some(idle));
-        let stream = GlommioConn(stream);
-        if shard.connections.get() >= max {
-            ShardStats::add(&shard.my_stats().connections_rejected, 1);
-            glommio::spawn_local(reject(stream)).detach();
-            continue;
-        }
-        admitted(shard.clone(), stream);
+        admit(&shard, GlommioConn(stream));
     }
 }
 

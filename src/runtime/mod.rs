@@ -79,82 +79,23 @@ fn io_memory_per_shard(shards: usize) -> usize {
 const LISTEN_BACKLOG: i32 = 1024;
 
 /// A TCP listener on `addr` with `SO_REUSEPORT` (one per shard on the same
-/// port; the kernel spreads connections across them), non-blocking.
+/// port; the kernel spreads connections across them), non-blocking. Ours,
+/// not glommio's `TcpListener::bind`, because the network ring needs the fd,
+/// which glommio's listener does not expose.
 fn bind_reuseport(addr: &str) -> std::io::Result<OwnedFd> {
-    use std::net::{SocketAddr, ToSocketAddrs};
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    use std::net::ToSocketAddrs;
     let sa = addr
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| std::io::Error::other("address resolves to nothing"))?;
-    let last = std::io::Error::last_os_error;
-    let domain = if sa.is_ipv6() {
-        libc::AF_INET6
-    } else {
-        libc::AF_INET
-    };
-    // SAFETY: plain socket syscalls on a fresh fd we own; every struct passed
-    // is fully initialised and sized as the kernel expects.
-    unsafe {
-        let fd = libc::socket(
-            domain,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        );
-        if fd < 0 {
-            return Err(last());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let one: libc::c_int = 1;
-        for opt in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
-            if libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                &one as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            ) != 0
-            {
-                return Err(last());
-            }
-        }
-        let rc = match sa {
-            SocketAddr::V4(v4) => {
-                let sin = libc::sockaddr_in {
-                    sin_family: libc::AF_INET as libc::sa_family_t,
-                    sin_port: v4.port().to_be(),
-                    sin_addr: libc::in_addr {
-                        s_addr: u32::from_ne_bytes(v4.ip().octets()),
-                    },
-                    sin_zero: [0; 8],
-                };
-                libc::bind(
-                    fd.as_raw_fd(),
-                    &sin as *const _ as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            }
-            SocketAddr::V6(v6) => {
-                let sin6 = libc::sockaddr_in6 {
-                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                    sin6_port: v6.port().to_be(),
-                    sin6_flowinfo: v6.flowinfo(),
-                    sin6_addr: libc::in6_addr {
-                        s6_addr: v6.ip().octets(),
-                    },
-                    sin6_scope_id: v6.scope_id(),
-                };
-                libc::bind(
-                    fd.as_raw_fd(),
-                    &sin6 as *const _ as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            }
-        };
-        if rc != 0 || libc::listen(fd.as_raw_fd(), LISTEN_BACKLOG) != 0 {
-            return Err(last());
-        }
-        Ok(fd)
-    }
+    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&SockAddr::from(sa))?;
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
 }
 
 /// Start the SIGTERM/SIGINT watcher thread.

@@ -77,15 +77,11 @@ impl Store {
 
     pub fn remove(&mut self, unique: u64) -> Option<Timer> {
         let key = self.find_key(unique)?;
-        self.unindex(unique, key.index());
+        self.index.remove(unique, key.index());
         let timer = self.wheel.cancel(key)?;
         self.count_tags(&timer, -1);
         self.tombstones -= timer.is_tombstone() as usize;
         Some(timer)
-    }
-
-    fn unindex(&mut self, unique: u64, slab_index: u32) {
-        self.index.remove(unique, slab_index);
     }
 
     /// Up to `limit` timers `keep` accepts, due at or after `from_ms`, in
