@@ -3,7 +3,7 @@
 # (Debian package, one worker per core, reuseport, `return 200`), measured
 # with wrk on the same machine, interleaved in one run.
 #
-#   perf/http-bench.sh [rounds] [seconds] [connections]
+#   perf/http-bench.sh [rounds] [seconds] [connections] [wrk threads]
 #
 # Two configurations, both interleaved in the run:
 #  - "per core": nginx with one worker per core, chronos with one shard per
@@ -12,9 +12,11 @@
 #    the other core to itself (on this 2-core machine the load generator
 #    otherwise competes with the server for CPU).
 #
-# The chronos rows use its defaults (the network ring, src/http/ring.rs);
-# "chronos-glommio" rows are the same binary with `[http] net-ring = false`
-# (glommio's sockets), the A/B for the ring.
+# The chronos rows use its defaults (the network ring, src/http/ring.rs,
+# and `[http] accept-steering = "cpu"`); "chronos-glommio" rows are the same
+# binary with `[http] net-ring = false` (glommio's sockets), the A/B for the
+# ring, and "chronos-hash" with `accept-steering = "hash"` (the kernel's
+# reuseport hash, as nginx uses), the A/B for the steering.
 #
 # Besides req/s and latency, each row gives the server's CPU per request
 # (user + system time of its processes over the run, from /proc, divided by
@@ -23,12 +25,12 @@
 # figure varies far less between runs than req/s does.
 #
 # Needs: wrk, nginx (apt-get install wrk nginx-light), a release build.
-# Prints a table and writes perf/results/http-<date>.txt.
+# Prints a table and writes perf/results/http-<date>-t<threads>.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-3}; SECS=${2:-10}; CONNS=${3:-64}
+ROUNDS=${1:-3}; SECS=${2:-10}; CONNS=${3:-64}; THREADS=${4:-1}
 NGINX_PORT=18080; CHRONOS_PORT=17253; NGINX1_PORT=18081; CHRONOS1_PORT=17254
-GLOMMIO_PORT=17255; GLOMMIO1_PORT=17256
+GLOMMIO_PORT=17255; GLOMMIO1_PORT=17256; HASH_PORT=17257
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --release --quiet
 BIN="$TARGET_DIR/release/chronos"
@@ -64,7 +66,10 @@ printf '[http]\nnet-ring = false\n' > "$WORK/glommio.toml"
 GPID=$!
 "$BIN" --config "$WORK/glommio.toml" --bind-port $GLOMMIO1_PORT --cores 1 --log-level warn 2>"$WORK/glommio1.log" &
 GPID1=$!
-trap 'kill $CPID $CPID1 $GPID $GPID1 2>/dev/null; nginx -c "$WORK/nginx.conf" -s stop 2>/dev/null; nginx -c "$WORK/nginx1.conf" -s stop 2>/dev/null; rm -rf "$WORK"' EXIT
+printf '[http]\naccept-steering = "hash"\n' > "$WORK/hash.toml"
+"$BIN" --config "$WORK/hash.toml" --bind-port $HASH_PORT --log-level warn 2>"$WORK/hash.log" &
+HPID=$!
+trap 'kill $CPID $CPID1 $GPID $GPID1 $HPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -s stop 2>/dev/null; nginx -c "$WORK/nginx1.conf" -s stop 2>/dev/null; rm -rf "$WORK"' EXIT
 sleep 1
 NGINX_PIDS=$(pgrep -f "nginx: worker" -P "$(cat "$WORK/nginx.pid")" | tr '\n' ' ')
 NGINX1_PIDS=$(pgrep -f "nginx: worker" -P "$(cat "$WORK/nginx1.pid")" | tr '\n' ' ')
@@ -77,7 +82,7 @@ HZ=$(getconf CLK_TCK)
 run() { # name pids url [script]
   local out before after
   before=$(ticks $2)
-  if [ -n "${4:-}" ]; then out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --latency -s "$4" "$3"); else out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "$3"); fi
+  if [ -n "${4:-}" ]; then out=$(wrk -t"$THREADS" -c"$CONNS" -d"${SECS}s" --latency -s "$4" "$3"); else out=$(wrk -t"$THREADS" -c"$CONNS" -d"${SECS}s" --latency "$3"); fi
   after=$(ticks $2)
   local rps p50 p99 reqs cpu
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
@@ -87,14 +92,15 @@ run() { # name pids url [script]
   cpu=$(awk -v t=$((after - before)) -v hz="$HZ" -v n="$reqs" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
   printf '%-28s %12s req/s   p50 %8s   p99 %8s   cpu %6s us/req\n' "$1" "$rps" "$p50" "$p99" "$cpu"
 }
-RESULT="perf/results/http-$(date +%Y-%m-%d).txt"
+RESULT="perf/results/http-$(date +%Y-%m-%d)-t$THREADS.txt"
 {
-  echo "# $(date -Iseconds) $(uname -r) $(nproc) cores; wrk -t1 -c$CONNS -d${SECS}s; per core: chronos and nginx on every core; 1w/1s: one worker, one shard"
+  echo "# $(date -Iseconds) $(uname -r) $(nproc) cores; wrk -t$THREADS -c$CONNS -d${SECS}s; per core: chronos and nginx on every core; 1w/1s: one worker, one shard"
   for r in $(seq 1 "$ROUNDS"); do
     run "nginx GET /" "$NGINX_PIDS" "http://127.0.0.1:$NGINX_PORT/"
     run "chronos GET /ping" "$CPID" "http://127.0.0.1:$CHRONOS_PORT/ping"
     run "chronos POST /timers" "$CPID" "http://127.0.0.1:$CHRONOS_PORT/timers" "$WORK/post.lua"
     run "chronos-glommio GET /ping" "$GPID" "http://127.0.0.1:$GLOMMIO_PORT/ping"
+    run "chronos-hash GET /ping" "$HPID" "http://127.0.0.1:$HASH_PORT/ping"
     run "nginx-1w GET /" "$NGINX1_PIDS" "http://127.0.0.1:$NGINX1_PORT/"
     run "chronos-1s GET /ping" "$CPID1" "http://127.0.0.1:$CHRONOS1_PORT/ping"
     run "chronos-1s POST /timers" "$CPID1" "http://127.0.0.1:$CHRONOS1_PORT/timers" "$WORK/post.lua"

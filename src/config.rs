@@ -41,6 +41,30 @@ pub struct HttpConfig {
     /// `TcpStream`. On by default (perf/README.md, "HTTP"); falls back to
     /// glommio's sockets if the ring cannot be set up.
     pub net_ring: bool,
+    /// Which shard's listener takes a new connection (`SO_REUSEPORT`).
+    pub accept_steering: AcceptSteering,
+}
+
+/// How the kernel picks a shard's listener for a new connection.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AcceptSteering {
+    /// The shard pinned to the CPU that received the connection's SYN
+    /// (a classic BPF program on the `SO_REUSEPORT` group): the connection's
+    /// kernel work and its shard share a core. Falls back to the hash for a
+    /// CPU no shard is pinned to.
+    Cpu,
+    /// The kernel's hash of the connection's addresses and ports.
+    Hash,
+}
+
+impl AcceptSteering {
+    pub fn name(self) -> &'static str {
+        match self {
+            AcceptSteering::Cpu => "cpu",
+            AcceptSteering::Hash => "hash",
+        }
+    }
 }
 
 impl Default for HttpConfig {
@@ -53,6 +77,7 @@ impl Default for HttpConfig {
             body_bytes_max: 256 * 1024,
             idle_timeout_ms: 300_000,
             net_ring: true,
+            accept_steering: AcceptSteering::Cpu,
         }
     }
 }
@@ -580,6 +605,7 @@ mod tests {
         let table = [
             ("[http]\nbind-port = \"x\"", "bind-port"),
             ("[http]\nbogus = 1", "bogus"),
+            ("[http]\naccept-steering = \"round-robin\"", "cpu"),
             ("[runtime]\ncores = 0", "cores"),
             ("[runtime]\ncores = 99", "cores"),
             ("[http]\nbind-address = \"nope\"", "bind-address"),

@@ -68,6 +68,7 @@ fn main() -> ExitCode {
         body_bytes_max = c.http.body_bytes_max,
         idle_timeout_ms = c.http.idle_timeout_ms,
         net_ring = c.http.net_ring,
+        accept_steering = c.http.accept_steering.name(),
         "resolved configuration"
     );
     match chronos::runtime::run(resolved) {

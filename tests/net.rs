@@ -145,3 +145,87 @@ fn idle_connections_are_closed_after_the_timeout_not_before() {
         );
     }
 }
+
+/// Open `n` connections from a thread pinned to `cpu`, each answered once
+/// (so its shard has accepted it), and keep them open.
+fn connect_from_cpu(
+    addr: std::net::SocketAddr,
+    cpu: core_affinity::CoreId,
+    n: usize,
+) -> Vec<TcpStream> {
+    std::thread::spawn(move || {
+        assert!(core_affinity::set_for_current(cpu), "cannot pin to {cpu:?}");
+        (0..n)
+            .map(|i| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .unwrap();
+                let r = read_response(&mut BufReader::new(s.try_clone().unwrap()))
+                    .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+                assert_eq!(r.status, 200);
+                s
+            })
+            .collect()
+    })
+    .join()
+    .unwrap()
+}
+
+/// `chronos_shard_connections_open{shard="i"}` for every shard, read over a
+/// connection opened from `cpu` (which it counts too).
+fn shard_connections(
+    addr: std::net::SocketAddr,
+    cpu: core_affinity::CoreId,
+    shards: usize,
+) -> Vec<u64> {
+    let mut s = connect_from_cpu(addr, cpu, 1).pop().unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let text = read_response(&mut BufReader::new(s)).unwrap().text();
+    (0..shards)
+        .map(|i| {
+            let name = format!("chronos_shard_connections_open{{shard=\"{i}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(name.as_str()))
+                .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn two_cores() -> Vec<core_affinity::CoreId> {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    assert!(
+        cores.len() >= 2,
+        "these tests need two cores, found {}",
+        cores.len()
+    );
+    cores[..2].to_vec()
+}
+
+#[test]
+fn cpu_steering_gives_a_connection_to_the_shard_on_the_cpu_it_came_from() {
+    // The default; shard i is pinned to the i-th core.
+    let cores = two_cores();
+    let node = Node::start("[runtime]\ncores = 2\n");
+    let _on_0 = connect_from_cpu(node.addr, cores[0], 3);
+    let _on_1 = connect_from_cpu(node.addr, cores[1], 5);
+    // The metrics connection comes from core 0 too.
+    assert_eq!(shard_connections(node.addr, cores[0], 2), vec![4, 5]);
+    assert!(node.terminate().success());
+}
+
+#[test]
+fn hash_steering_spreads_one_cpus_connections_over_the_shards() {
+    let cores = two_cores();
+    let node = Node::start("[runtime]\ncores = 2\n[http]\naccept-steering = \"hash\"\n");
+    let _conns = connect_from_cpu(node.addr, cores[0], 64);
+    let per_shard = shard_connections(node.addr, cores[0], 2);
+    assert_eq!(per_shard.iter().sum::<u64>(), 65, "{per_shard:?}");
+    // 64 connections from distinct ports all hashing to one shard: 2^-63.
+    assert!(per_shard.iter().all(|&n| n > 0), "{per_shard:?}");
+    assert!(node.terminate().success());
+}

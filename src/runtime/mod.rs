@@ -10,7 +10,7 @@ pub mod clock;
 pub mod mesh;
 pub mod notify;
 
-use crate::config::Resolved;
+use crate::config::{AcceptSteering, Resolved};
 use crate::http::ring::NetRing;
 use crate::http::server::{accept_loop, ShardAcceptor};
 use crate::shard::{pop_loop, Shard, SHUTDOWN};
@@ -98,6 +98,65 @@ fn bind_reuseport(addr: &str) -> std::io::Result<OwnedFd> {
     Ok(socket.into())
 }
 
+/// Steer each new connection on the reuseport group of `listener` to the
+/// shard pinned to the CPU that took its SYN: a classic BPF program that
+/// loads the CPU number and returns the index (bind order) of that CPU's
+/// shard; for a CPU with no shard it returns an index past the group, and
+/// the kernel falls back to its hash. `pinned[i]` is shard `i`'s CPU.
+/// Program length: 2 + 2 × shards instructions (within the 4096 cBPF limit
+/// for up to 2047 shards).
+fn attach_cpu_steering(listener: &OwnedFd, pinned: &[usize]) -> std::io::Result<()> {
+    const NO_SHARD: u32 = u32::MAX;
+    let insn = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    if pinned.len() > 2047 {
+        return Err(std::io::Error::other("too many shards for a cBPF program"));
+    }
+    let mut prog = Vec::with_capacity(2 + 2 * pinned.len());
+    // A = the current CPU.
+    prog.push(insn(
+        libc::BPF_LD | libc::BPF_W | libc::BPF_ABS,
+        0,
+        0,
+        (libc::SKF_AD_OFF + libc::SKF_AD_CPU) as u32,
+    ));
+    for (index, &cpu) in pinned.iter().enumerate() {
+        // if A == cpu: return index; else skip the return.
+        prog.push(insn(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            0,
+            1,
+            cpu as u32,
+        ));
+        prog.push(insn(libc::BPF_RET | libc::BPF_K, 0, 0, index as u32));
+    }
+    prog.push(insn(libc::BPF_RET | libc::BPF_K, 0, 0, NO_SHARD));
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel
+    // copies the program.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Start the SIGTERM/SIGINT watcher thread.
 fn install_signals() -> Result<(), String> {
     use signal_hook::consts::{SIGINT, SIGTERM};
@@ -126,6 +185,29 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
     let io_memory = io_memory_per_shard(shards);
     install_signals()?;
     let cores = core_affinity::get_core_ids().unwrap_or_default();
+    // Every shard's listener is bound here, in shard order, before any
+    // executor starts: a busy port fails the start cleanly, and the
+    // reuseport group's socket order (which the steering program indexes)
+    // is the shard order.
+    let http = &resolved.config.http;
+    let addr = format!("{}:{}", http.bind_address, http.bind_port);
+    let mut listeners = Vec::with_capacity(shards);
+    for _ in 0..shards {
+        listeners.push(bind_reuseport(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?);
+    }
+    if http.accept_steering == AcceptSteering::Cpu {
+        let pinned: Vec<usize> = cores.iter().take(shards).map(|c| c.id).collect();
+        if pinned.len() < shards {
+            tracing::warn!(
+                target: "chronos::runtime",
+                "accept-steering = \"cpu\" needs every shard pinned ({shards} shards, {} cores): using the hash",
+                pinned.len()
+            );
+        } else if let Err(e) = attach_cpu_steering(&listeners[0], &pinned) {
+            tracing::warn!(target: "chronos::runtime", "accept-steering = \"cpu\" unavailable ({e}): using the hash");
+        }
+    }
+    let mut listeners = listeners.into_iter();
     let stats: Arc<[ShardStats]> = (0..shards).map(|_| ShardStats::default()).collect();
     let capacity = resolved
         .config
@@ -152,12 +234,13 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
             bound.clone(),
             queue.clone(),
         );
+        let listener = listeners.next().expect("one listener per shard");
         let handle = LocalExecutorBuilder::new(placement)
             .name(&format!("chronos-{index}"))
             .io_memory(io_memory)
-            .spawn(
-                move || async move { run_shard(index, resolved, stats, mesh, bound, queue).await },
-            )
+            .spawn(move || async move {
+                run_shard(index, resolved, stats, mesh, bound, queue, listener).await
+            })
             .map_err(|e| format!("cannot start executor {index}: {e}"))?;
         handles.push(handle);
     }
@@ -189,6 +272,7 @@ async fn run_shard(
     mesh: Option<MeshBuilder<MeshMsg, glommio::channels::channel_mesh::Full>>,
     bound: Arc<AtomicUsize>,
     queue: Option<Arc<crate::queue::QueueShared>>,
+    listener: OwnedFd,
 ) -> Result<(), String> {
     let (senders, receivers) = match mesh {
         Some(m) => {
@@ -203,13 +287,6 @@ async fn run_shard(
     let shard = Shard::new(index, resolved.clone(), stats.clone(), Mesh::new(senders));
     let http = &resolved.config.http;
     let addr = format!("{}:{}", http.bind_address, http.bind_port);
-    let listener = match bind_reuseport(addr.as_str()) {
-        Ok(l) => l,
-        Err(e) => {
-            SHUTDOWN.store(true, Ordering::SeqCst);
-            return Err(format!("cannot listen on {addr}: {e}"));
-        }
-    };
     if let Some(r) = receivers {
         mesh::serve(&shard, r);
     }

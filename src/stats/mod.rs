@@ -125,6 +125,24 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
         .map(|s| s.connections_open.load(Relaxed))
         .sum();
     let _ = writeln!(out, "# HELP chronos_connections_open Open HTTP server connections.\n# TYPE chronos_connections_open gauge\nchronos_connections_open {open}");
+    // Per shard: how `[http] accept-steering` spread the connections, and
+    // where the timers live.
+    let _ = writeln!(out, "# HELP chronos_shard_connections_open Open HTTP server connections per shard.\n# TYPE chronos_shard_connections_open gauge");
+    for (i, s) in shards.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "chronos_shard_connections_open{{shard=\"{i}\"}} {}",
+            s.connections_open.load(Relaxed)
+        );
+    }
+    let _ = writeln!(out, "# HELP chronos_shard_timers_pending Timers (and tombstones) held per shard.\n# TYPE chronos_shard_timers_pending gauge");
+    for (i, s) in shards.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "chronos_shard_timers_pending{{shard=\"{i}\"}} {}",
+            s.timers_pending.load(Relaxed)
+        );
+    }
     histogram(
         out,
         shards,
