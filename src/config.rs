@@ -576,6 +576,8 @@ mod tests {
             d.timers.callback_connections_per_host_max
         );
         assert_eq!(c.timers.timers_per_shard_max, d.timers.timers_per_shard_max);
+        assert_eq!(c.http.accept_steering, d.http.accept_steering);
+        assert_eq!(c.http.net_ring, d.http.net_ring);
         c.resolve(2).unwrap();
     }
 

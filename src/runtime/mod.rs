@@ -1,6 +1,9 @@
 //! The thread-per-core engine: one glommio executor per shard, each pinned to
 //! its own core, each with its own `SO_REUSEPORT` listener on the shared port,
-//! joined by a full mesh of bounded channels.
+//! joined by a full mesh of bounded channels. The listeners are bound here,
+//! in shard order, before any executor starts; with `[http] accept-steering
+//! = "cpu"` a connection goes to the shard pinned to the CPU that took its
+//! SYN.
 //!
 //! Shutdown: SIGTERM/SIGINT set [`SHUTDOWN`]; each shard's watcher sees it,
 //! stops accepting, lets the requests in hand finish (up to
@@ -79,9 +82,9 @@ fn io_memory_per_shard(shards: usize) -> usize {
 const LISTEN_BACKLOG: i32 = 1024;
 
 /// A TCP listener on `addr` with `SO_REUSEPORT` (one per shard on the same
-/// port; the kernel spreads connections across them), non-blocking. Ours,
-/// not glommio's `TcpListener::bind`, because the network ring needs the fd,
-/// which glommio's listener does not expose.
+/// port; the kernel picks one per connection, see [`attach_cpu_steering`]),
+/// non-blocking. Ours, not glommio's `TcpListener::bind`, because the
+/// network ring needs the fd, which glommio's listener does not expose.
 fn bind_reuseport(addr: &str) -> std::io::Result<OwnedFd> {
     use socket2::{Domain, Protocol, SockAddr, Socket, Type};
     use std::net::ToSocketAddrs;
