@@ -310,6 +310,31 @@ fn invalid_config_fails_before_binding() {
 }
 
 #[test]
+fn a_port_another_process_listens_on_fails_the_start() {
+    // SO_REUSEPORT would otherwise let the second node join the first's
+    // listeners and take a share of its connections.
+    let first = Node::start(CFG);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_chronos"))
+        .args([
+            "--bind-port",
+            &first.addr.port().to_string(),
+            "--cores",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot listen") && err.contains("in use"),
+        "{err}"
+    );
+    // The first node is undisturbed.
+    assert_eq!(first.request("GET", "/ping", "").status, 200);
+    assert!(first.terminate().success());
+}
+
+#[test]
 fn resync_get_and_references_follow_the_internal_api() {
     let node = Node::start(CFG);
     let sink = Sink::start(Behaviour::Ok);

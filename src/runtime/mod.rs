@@ -101,6 +101,32 @@ fn bind_reuseport(addr: &str) -> std::io::Result<OwnedFd> {
     Ok(socket.into())
 }
 
+/// Fail if another socket is listening on `addr`. `SO_REUSEPORT` alone
+/// would let a second process of the same user join the shards' group and
+/// silently take a share of the connections; a plain bind (only
+/// `SO_REUSEADDR`, so a port in `TIME_WAIT` is fine) conflicts with any
+/// listener there.
+fn probe_exclusive(addr: &str) -> std::io::Result<()> {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    use std::net::ToSocketAddrs;
+    let sa = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other("address resolves to nothing"))?;
+    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&SockAddr::from(sa)).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            std::io::Error::new(
+                e.kind(),
+                format!("{e} (another process is listening there)"),
+            )
+        } else {
+            e
+        }
+    })
+}
+
 /// Steer each new connection on the reuseport group of `listener` to the
 /// shard pinned to the CPU that took its SYN: a classic BPF program that
 /// loads the CPU number and returns the index (bind order) of that CPU's
@@ -194,6 +220,7 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
     // is the shard order.
     let http = &resolved.config.http;
     let addr = format!("{}:{}", http.bind_address, http.bind_port);
+    probe_exclusive(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let mut listeners = Vec::with_capacity(shards);
     for _ in 0..shards {
         listeners.push(bind_reuseport(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?);
