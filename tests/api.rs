@@ -282,6 +282,24 @@ fn sigterm_exits_zero() {
 }
 
 #[test]
+fn reload_and_resync_signals_do_not_stop_the_node() {
+    // SIGHUP and SIGUSR1 terminate a process by default; the node must
+    // survive them, keep its timers and keep serving.
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    node.create(&timer_body("0.5", None, &sink.uri("/s"), "after-signals"));
+    node.signal(libc::SIGHUP);
+    node.signal(libc::SIGUSR1);
+    assert_eq!(node.request("GET", "/ping", "").status, 200);
+    let pops = sink.wait_for(1, Duration::from_secs(5));
+    assert_eq!(pops.len(), 1);
+    assert_eq!(pops[0].body, "after-signals");
+    let log = node.log_text();
+    assert!(log.contains("SIGHUP") && log.contains("SIGUSR1"), "{log}");
+    assert!(node.terminate().success());
+}
+
+#[test]
 fn invalid_config_fails_before_binding() {
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("chronos-badcfg-{}", std::process::id()));

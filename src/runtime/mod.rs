@@ -187,14 +187,34 @@ fn attach_cpu_steering(listener: &OwnedFd, pinned: &[usize]) -> std::io::Result<
 }
 
 /// Start the SIGTERM/SIGINT watcher thread.
+///
+/// SIGHUP (`service chronos reload`) and SIGUSR1 (`service chronos resync`)
+/// are caught so that they never terminate the node (their default action):
+/// runtime cluster reconfiguration and active resynchronisation (seeds 001
+/// and 003) are not built yet, which the log says each time.
 fn install_signals() -> Result<(), String> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     std::thread::Builder::new()
         .name("chronos-signals".into())
         .spawn(move || {
             for signal in signals.forever() {
+                if signal == SIGHUP {
+                    tracing::warn!(
+                        target: "chronos::runtime",
+                        "SIGHUP: reloading the cluster configuration at runtime is not supported by this build; \
+                         the node keeps its current configuration (restart it to apply a new one)"
+                    );
+                    continue;
+                }
+                if signal == SIGUSR1 {
+                    tracing::warn!(
+                        target: "chronos::runtime",
+                        "SIGUSR1: active resynchronisation is not supported by this build; ignored"
+                    );
+                    continue;
+                }
                 if SHUTDOWN.swap(true, Ordering::SeqCst) {
                     tracing::warn!(target: "chronos::runtime", "second signal {signal}: exiting now");
                     std::process::exit(1);
