@@ -71,7 +71,8 @@ fn main() -> ExitCode {
         accept_steering = c.http.accept_steering.name(),
         "resolved configuration"
     );
-    match chronos::runtime::run(resolved) {
+    let reload: chronos::runtime::Reload = Box::new(move || Config::load(&cli, available));
+    match chronos::runtime::run(resolved, reload) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(target: "chronos::runtime", "{e}");

@@ -290,6 +290,14 @@ fn reload_and_resync_signals_do_not_stop_the_node() {
     node.create(&timer_body("0.5", None, &sink.uri("/s"), "after-signals"));
     node.signal(libc::SIGHUP);
     node.signal(libc::SIGUSR1);
+    // A broken file on reload is reported and changes nothing.
+    std::fs::write(node.config_path(), "[cluster\n").unwrap();
+    node.signal(libc::SIGHUP);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !node.log_text().contains("the configuration is invalid") {
+        assert!(std::time::Instant::now() < deadline, "{}", node.log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(node.request("GET", "/ping", "").status, 200);
     let pops = sink.wait_for(1, Duration::from_secs(5));
     assert_eq!(pops.len(), 1);

@@ -133,11 +133,30 @@ struct Peer {
     spare: RefCell<Vec<Vec<u8>>>,
     wake: Notify,
     running: Cell<bool>,
+    /// No longer a peer (a reload dropped it): its sender stops once the
+    /// queue is empty.
+    retired: Cell<bool>,
+}
+
+impl Peer {
+    fn new(address: &str, socket: SocketAddr) -> Rc<Peer> {
+        Rc::new(Peer {
+            address: address.to_string(),
+            socket,
+            segments: RefCell::new(VecDeque::new()),
+            queued: Cell::new(0),
+            spare: RefCell::new(Vec::new()),
+            wake: Notify::default(),
+            running: Cell::new(false),
+            retired: Cell::new(false),
+        })
+    }
 }
 
 /// A shard's replication client.
 pub struct Replicator {
-    peers: Vec<Rc<Peer>>,
+    /// In cluster peer order; replaced as a whole by a reload.
+    peers: RefCell<Vec<Rc<Peer>>>,
     queue_max: usize,
     timeout: Duration,
     connect_timeout: Duration,
@@ -159,20 +178,12 @@ impl Replicator {
         shard: usize,
     ) -> Replicator {
         Replicator {
-            peers: peers
-                .iter()
-                .map(|(address, socket)| {
-                    Rc::new(Peer {
-                        address: address.clone(),
-                        socket: *socket,
-                        segments: RefCell::new(VecDeque::new()),
-                        queued: Cell::new(0),
-                        spare: RefCell::new(Vec::new()),
-                        wake: Notify::default(),
-                        running: Cell::new(false),
-                    })
-                })
-                .collect(),
+            peers: RefCell::new(
+                peers
+                    .iter()
+                    .map(|(address, socket)| Peer::new(address, *socket))
+                    .collect(),
+            ),
             queue_max: queue_max.max(1),
             timeout,
             connect_timeout: connect_timeout.min(timeout),
@@ -186,10 +197,41 @@ impl Replicator {
         &self.stats[self.shard]
     }
 
+    /// A new peer list (a cluster reload), in the new cluster's peer order.
+    /// A peer that stays keeps its queue and connection; a peer that goes
+    /// is retired: its sender delivers what is queued, then stops.
+    pub fn set_peers(&self, peers: &[(String, SocketAddr)]) {
+        let mut current = self.peers.borrow_mut();
+        let next: Vec<Rc<Peer>> = peers
+            .iter()
+            .map(|(address, socket)| {
+                match current
+                    .iter()
+                    .find(|p| p.address == *address && p.socket == *socket)
+                {
+                    Some(p) => p.clone(),
+                    None => Peer::new(address, *socket),
+                }
+            })
+            .collect();
+        for old in current.iter() {
+            if !next.iter().any(|p| Rc::ptr_eq(p, old)) {
+                old.retired.set(true);
+                old.wake.notify();
+            }
+        }
+        *current = next;
+    }
+
     /// Queue a replication `PUT /timers/<id>` to `peer`. Never waits: a
     /// full queue drops the message (counted).
     pub fn send(&self, peer: usize, id: TimerId, body: &Body<'_>) {
-        let p = &self.peers[peer];
+        let peers = self.peers.borrow();
+        let Some(p) = peers.get(peer) else {
+            // Not a peer of the current view (a reload raced the caller).
+            ShardStats::add(&self.stats().replication_dropped, 1);
+            return;
+        };
         if p.queued.get() >= self.queue_max {
             ShardStats::add(&self.stats().replication_dropped, 1);
             return;
@@ -252,7 +294,8 @@ async fn sender(
     loop {
         let next = peer.segments.borrow_mut().pop_front();
         let Some(mut seg) = next else {
-            if SHUTDOWN.load(Ordering::Relaxed) {
+            if SHUTDOWN.load(Ordering::Relaxed) || peer.retired.get() {
+                peer.running.set(false);
                 return;
             }
             future::or(peer.wake.wait(), glommio::timer::sleep(IDLE_CHECK)).await;

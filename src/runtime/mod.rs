@@ -13,6 +13,7 @@ pub mod clock;
 pub mod mesh;
 pub mod notify;
 
+use crate::cluster::Cluster;
 use crate::config::{AcceptSteering, Resolved};
 use crate::http::ring::NetRing;
 use crate::http::server::{accept_loop, ShardAcceptor};
@@ -77,6 +78,13 @@ fn io_memory_per_shard(shards: usize) -> usize {
     );
     share
 }
+
+/// Reloaded clusters waiting per shard (SIGHUP); beyond it a reload is
+/// dropped for that shard and logged.
+const RELOADS_QUEUED_MAX: usize = 4;
+
+/// Re-reads and validates the configuration (SIGHUP).
+pub type Reload = Box<dyn Fn() -> Result<Resolved, String> + Send>;
 
 /// Pending connections the kernel queues per shard listener.
 const LISTEN_BACKLOG: i32 = 1024;
@@ -188,11 +196,19 @@ fn attach_cpu_steering(listener: &OwnedFd, pinned: &[usize]) -> std::io::Result<
 
 /// Start the SIGTERM/SIGINT watcher thread.
 ///
-/// SIGHUP (`service chronos reload`) and SIGUSR1 (`service chronos resync`)
-/// are caught so that they never terminate the node (their default action):
-/// runtime cluster reconfiguration and active resynchronisation (seeds 001
-/// and 003) are not built yet, which the log says each time.
-fn install_signals() -> Result<(), String> {
+/// SIGHUP (`service chronos reload`) re-reads the configuration through
+/// `reload`; a valid one's cluster (`node`, `joining`, `leaving`) is handed
+/// to every shard over its bounded reload channel ([`Shard::set_cluster`]).
+/// Other settings need a restart.
+///
+/// [`Shard::set_cluster`]: crate::shard::Shard::set_cluster SIGUSR1 (`service chronos resync`) is caught so that it never
+/// terminates the node (its default action): active resynchronisation
+/// (seed 003) is not built yet, which the log says.
+fn install_signals(
+    reload: Reload,
+    mut current: Cluster,
+    shards: Vec<async_channel::Sender<Arc<Cluster>>>,
+) -> Result<(), String> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
@@ -201,11 +217,37 @@ fn install_signals() -> Result<(), String> {
         .spawn(move || {
             for signal in signals.forever() {
                 if signal == SIGHUP {
-                    tracing::warn!(
-                        target: "chronos::runtime",
-                        "SIGHUP: reloading the cluster configuration at runtime is not supported by this build; \
-                         the node keeps its current configuration (restart it to apply a new one)"
-                    );
+                    match reload() {
+                        Err(e) => tracing::error!(
+                            target: "chronos::runtime",
+                            "SIGHUP: the configuration is invalid, keeping the current one: {e}"
+                        ),
+                        Ok(next) if next.cluster.local_address != current.local_address => {
+                            tracing::error!(
+                                target: "chronos::runtime",
+                                "SIGHUP: this node's address would change ({} to {}), which needs a restart; keeping the current cluster",
+                                current.local_address,
+                                next.cluster.local_address
+                            )
+                        }
+                        Ok(next) => {
+                            let next = next.cluster;
+                            tracing::info!(
+                                target: "chronos::runtime",
+                                nodes = ?next.nodes.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
+                                leaving = ?next.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
+                                cluster_view_id = %next.view_id,
+                                "SIGHUP: cluster reloaded (settings outside [cluster] take a restart)"
+                            );
+                            let shared = Arc::new(next.clone());
+                            for (i, tx) in shards.iter().enumerate() {
+                                if tx.try_send(shared.clone()).is_err() {
+                                    tracing::error!(target: "chronos::runtime", "SIGHUP: shard {i} has {RELOADS_QUEUED_MAX} reloads pending; this one is dropped there");
+                                }
+                            }
+                            current = next;
+                        }
+                    }
                     continue;
                 }
                 if signal == SIGUSR1 {
@@ -227,12 +269,16 @@ fn install_signals() -> Result<(), String> {
 }
 
 /// Run the engine until shutdown.
-pub fn run(resolved: Resolved) -> Result<(), String> {
+pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
     clock::base();
     let resolved = Arc::new(resolved);
     let shards = resolved.shards;
     let io_memory = io_memory_per_shard(shards);
-    install_signals()?;
+    let (reload_tx, reload_rx): (Vec<_>, Vec<_>) = (0..shards)
+        .map(|_| async_channel::bounded::<Arc<Cluster>>(RELOADS_QUEUED_MAX))
+        .unzip();
+    let mut reload_rx = reload_rx.into_iter();
+    install_signals(reload, resolved.cluster.clone(), reload_tx)?;
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     // Every shard's listener is bound here, in shard order, before any
     // executor starts: a busy port fails the start cleanly, and the
@@ -285,11 +331,13 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
             queue.clone(),
         );
         let listener = listeners.next().expect("one listener per shard");
+        let reloads = reload_rx.next().expect("one reload channel per shard");
         let handle = LocalExecutorBuilder::new(placement)
             .name(&format!("chronos-{index}"))
             .io_memory(io_memory)
             .spawn(move || async move {
-                run_shard(index, resolved, stats, mesh, bound, queue, listener).await
+                let inputs = Inputs { listener, reloads };
+                run_shard(index, resolved, stats, mesh, bound, queue, inputs).await
             })
             .map_err(|e| format!("cannot start executor {index}: {e}"))?;
         handles.push(handle);
@@ -315,6 +363,14 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
     }
 }
 
+/// What `run` prepared for one shard before its executor started.
+struct Inputs {
+    /// Its listener, bound (socket `index` of the reuseport group).
+    listener: OwnedFd,
+    /// Reloaded clusters (SIGHUP), from the signal thread.
+    reloads: async_channel::Receiver<Arc<Cluster>>,
+}
+
 async fn run_shard(
     index: usize,
     resolved: Arc<Resolved>,
@@ -322,8 +378,9 @@ async fn run_shard(
     mesh: Option<MeshBuilder<MeshMsg, glommio::channels::channel_mesh::Full>>,
     bound: Arc<AtomicUsize>,
     queue: Option<Arc<crate::queue::QueueShared>>,
-    listener: OwnedFd,
+    inputs: Inputs,
 ) -> Result<(), String> {
+    let Inputs { listener, reloads } = inputs;
     let (senders, receivers) = match mesh {
         Some(m) => {
             let (s, r) = m
@@ -341,6 +398,15 @@ async fn run_shard(
         mesh::serve(&shard, r);
     }
     glommio::spawn_local(pop_loop(shard.clone())).detach();
+    {
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            while let Ok(cluster) = reloads.recv().await {
+                shard.set_cluster(&cluster);
+            }
+        })
+        .detach();
+    }
     if let Some(q) = queue {
         crate::queue::QueueShard::start(q.clone(), index, stats);
         *shard.queue_shared.borrow_mut() = Some(q);

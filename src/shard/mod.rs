@@ -99,9 +99,11 @@ pub struct Shard {
     pub queue_shared: RefCell<Option<Arc<crate::queue::QueueShared>>>,
     /// The last version handed out (strictly increasing per shard).
     last_version_us: Cell<u64>,
-    /// This node's peer index, and the current view's fingerprint.
-    local_peer: Option<usize>,
-    pub(crate) view: u32,
+    /// The cluster as this shard knows it (replaced by a reload, SIGHUP),
+    /// this node's peer index in it, and its view's fingerprint.
+    cluster: RefCell<Rc<Cluster>>,
+    local_peer: Cell<Option<usize>>,
+    view: Cell<u32>,
 }
 
 impl Shard {
@@ -130,6 +132,7 @@ impl Shard {
         );
         let local_peer = cluster.local_peer();
         let view = view_fingerprint(cluster.view_id);
+        let cluster = Rc::new(cluster.clone());
         Rc::new(Shard {
             id,
             shards,
@@ -147,18 +150,39 @@ impl Shard {
             shutting_down: Cell::new(false),
             queue_shared: RefCell::new(None),
             last_version_us: Cell::new(0),
-            local_peer,
-            view,
+            cluster: RefCell::new(cluster),
+            local_peer: Cell::new(local_peer),
+            view: Cell::new(view),
             resolved,
         })
+    }
+
+    /// Take a new cluster view (a reload): replicas, replication peers and
+    /// the conflict rules follow it from now on. Timers already stored keep
+    /// their placement until their next pop or update re-places them
+    /// (passive rebalancing, seed 001).
+    pub fn set_cluster(&self, cluster: &Cluster) {
+        let peers: Vec<_> = cluster
+            .all_nodes()
+            .map(|n| (n.address.clone(), n.socket))
+            .collect();
+        self.replicator.set_peers(&peers);
+        self.local_peer.set(cluster.local_peer());
+        self.view.set(view_fingerprint(cluster.view_id));
+        *self.cluster.borrow_mut() = Rc::new(cluster.clone());
+    }
+
+    /// The current view's fingerprint (stored with every incarnation).
+    pub(crate) fn view(&self) -> u32 {
+        self.view.get()
     }
 
     pub fn my_stats(&self) -> &ShardStats {
         &self.stats[self.id]
     }
 
-    pub fn cluster(&self) -> &Cluster {
-        &self.resolved.cluster
+    pub fn cluster(&self) -> Rc<Cluster> {
+        self.cluster.borrow().clone()
     }
 
     fn skew_ms(&self) -> u64 {
@@ -172,10 +196,10 @@ impl Shard {
     }
 
     /// The addresses of a replica list (member indices), in order.
-    fn replica_names(&self, replicas: &[usize]) -> [&str; NODES_MAX] {
+    fn replica_names<'c>(cluster: &'c Cluster, replicas: &[usize]) -> [&'c str; NODES_MAX] {
         let mut names = [""; NODES_MAX];
         for (slot, &r) in names.iter_mut().zip(replicas) {
-            *slot = &self.cluster().nodes[r].address;
+            *slot = &cluster.nodes[r].address;
         }
         names
     }
@@ -211,7 +235,7 @@ impl Shard {
     }
 
     fn without_me(&self, mask: u64) -> u64 {
-        match self.local_peer {
+        match self.local_peer.get() {
             Some(me) => mask & !(1u64 << me),
             None => mask,
         }
@@ -225,7 +249,7 @@ impl Shard {
             interval_ms: spec.interval_ms,
             repeat_for_ms: spec.repeat_for_ms,
             sequence: 0,
-            view: self.view,
+            view: self.view(),
             replica_index: pl.my_index.unwrap_or(0),
             replication_factor: pl.count as u8,
         }
@@ -281,7 +305,7 @@ impl Shard {
             interval_ms: 0,
             repeat_for_ms: 0,
             sequence: 0,
-            view: self.view,
+            view: self.view(),
             replica_index: 0,
             replication_factor: 1,
         };
@@ -343,7 +367,7 @@ impl Shard {
                 .unwrap_or_else(|| address_bloom(a))
         });
         let view = match r.cluster_view_id.as_deref() {
-            None => self.view,
+            None => self.view(),
             Some(text) => text.parse::<u64>().map(view_fingerprint).unwrap_or(0),
         };
         let head = TimerHead {
@@ -375,7 +399,8 @@ impl Shard {
         if targets == 0 {
             return;
         }
-        let names = self.replica_names(&pl.replicas[..pl.count]);
+        let cluster = self.cluster();
+        let names = Self::replica_names(&cluster, &pl.replicas[..pl.count]);
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = spec.tags.len().min(TAGS_MAX);
         for (slot, (name, count)) in tags.iter_mut().zip(&spec.tags) {
@@ -389,7 +414,7 @@ impl Shard {
             version_us: head.version,
             uri: &spec.uri,
             opaque: &spec.opaque,
-            view_id: self.cluster().view_id,
+            view_id: cluster.view_id,
             replicas: &names[..pl.count],
             tags: &tags[..tag_count],
         };
@@ -409,23 +434,66 @@ impl Shard {
     /// `sequence` is done (or, after the final pop, send them a tombstone),
     /// so that they skip it. Nothing is sent when the timer has since been
     /// replaced or deleted: that operation replicated itself.
+    ///
+    /// Passive rebalancing (seed 001): the message goes to the timer's
+    /// replicas under the current cluster view and to every node its ID
+    /// names, and this node's own copy is re-placed under the current view:
+    /// a tombstone if this node is no longer one of its replicas, re-skewed
+    /// if its place in the list changed.
     pub fn replicate_pop(&self, unique: u64, version: u64, sequence: u32) {
         if !self.has_peers() {
             return;
         }
-        let store = self.store.borrow();
+        let Some(pl) = self.send_pop(unique, version, sequence) else {
+            return;
+        };
+        let mut store = self.store.borrow_mut();
         let Some((_, t)) = store.get(unique) else {
             return;
         };
-        if t.version != version || t.sequence != sequence {
+        let view = self.view();
+        let placed = t.view == view && t.bloom == pl.bloom && pl.my_index == Some(t.replica_index);
+        if placed || t.is_tombstone() {
             return;
+        }
+        let mut timer = store.remove(unique).expect("just found");
+        timer.view = view;
+        timer.bloom = pl.bloom;
+        let due_ms = match pl.my_index {
+            Some(index) => {
+                timer.replica_index = index;
+                timer.next_pop_ms(self.skew_ms())
+            }
+            None => {
+                // No longer a replica: a tombstone of the current view, so
+                // a late message from a node still on the old view cannot
+                // bring the timer back here.
+                timer = timer.to_tombstone();
+                clock::now_ms() + self.tombstone_life_ms(&timer)
+            }
+        };
+        store.insert(due_ms, timer);
+        if due_ms < self.pop_armed_ms.get() {
+            self.pop_wake.notify();
+        }
+        self.refresh_gauges(&store);
+    }
+
+    /// The replication half of [`Shard::replicate_pop`]: the placement
+    /// under the current view, or `None` if the timer has moved on.
+    fn send_pop(&self, unique: u64, version: u64, sequence: u32) -> Option<Placement> {
+        let store = self.store.borrow();
+        let (_, t) = store.get(unique)?;
+        if t.version != version || t.sequence != sequence {
+            return None;
         }
         let pl = self.placement(unique, t.replication_factor as usize);
         let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
         if targets == 0 {
-            return;
+            return Some(pl);
         }
-        let names = self.replica_names(&pl.replicas[..pl.count]);
+        let cluster = self.cluster();
+        let names = Self::replica_names(&cluster, &pl.replicas[..pl.count]);
         let mut tags = [("", 0u32); TAGS_MAX];
         let mut tag_count = 0;
         for (slot, (index, count)) in tags.iter_mut().zip(t.tags()) {
@@ -440,11 +508,12 @@ impl Shard {
             version_us: t.version,
             uri: t.uri(),
             opaque: t.opaque(),
-            view_id: self.cluster().view_id,
+            view_id: cluster.view_id,
             replicas: &names[..pl.count],
             tags: &tags[..tag_count],
         };
         self.send_to(targets, t.id(), &body);
+        Some(pl)
     }
 
     // ---- the store (runs on the owning shard) ----
@@ -456,10 +525,10 @@ impl Shard {
     /// operation on this node always wins and does not come here.
     fn replaces(&self, new: &TimerHead, new_tomb: bool, old: &TimerHead, old_tomb: bool) -> bool {
         if new.view != old.view {
-            if new.view == self.view {
+            if new.view == self.view() {
                 return true;
             }
-            if old.view == self.view {
+            if old.view == self.view() {
                 return false;
             }
         }

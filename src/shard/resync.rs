@@ -125,7 +125,7 @@ impl Shard {
     pub fn resync_local(&self, q: Query) -> Vec<(u64, String)> {
         let store = self.store.borrow();
         let cluster = self.cluster();
-        let view = self.view;
+        let view = self.view();
         let is_replica = |unique: u64, factor: u8| {
             let mut out = [0usize; NODES_MAX];
             let n = cluster.replicas_into(unique, factor as usize, &mut out);
@@ -262,7 +262,7 @@ impl Shard {
         let Some((_, t)) = store.get(unique) else {
             return false;
         };
-        if t.view == self.view {
+        if t.view == self.view() {
             return false;
         }
         let me = self.cluster().local;

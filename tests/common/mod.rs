@@ -72,6 +72,11 @@ impl Node {
         panic!("chronos did not answer /ping; log:\n{}", self.log_text());
     }
 
+    /// The config file the node was started with (rewrite it, then SIGHUP).
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self.log.with_file_name("chronos.toml")
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
