@@ -340,12 +340,11 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
     assert_eq!(live(&n2), 6.0);
     assert_eq!(live(&n3), 0.0, "node 3 is not in the old cluster");
 
-    // The backup first: a node still on the old view rejects a message of
-    // the new one (its current view wins), so a pop the reloaded primary
-    // replicated to a backup not yet reloaded would be popped again by the
-    // backup 2 s later. Reloaded first, the backup accepts the primary's
-    // old-view messages (neither view is its current one).
-    for (i, node) in [(2, &n2), (1, &n1)] {
+    // Node 1 (the primary of every repeating timer) reloads more than a pop
+    // interval before node 2: in between, node 1 replicates its pops under
+    // the new view to node 2, still on the old one, which must take them (a
+    // view it never held may be newer) or pop them again 2 s later.
+    for (i, node) in [(1, &n1), (2, &n2)] {
         std::fs::write(node.config_path(), joined_config(i, port)).unwrap();
         node.signal(libc::SIGHUP);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -356,6 +355,9 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
                 node.log_text()
             );
             std::thread::sleep(Duration::from_millis(5));
+        }
+        if i == 1 {
+            std::thread::sleep(Duration::from_millis(1500));
         }
     }
     let fresh: Vec<String> = (0..30)

@@ -104,7 +104,14 @@ pub struct Shard {
     cluster: RefCell<Rc<Cluster>>,
     local_peer: Cell<Option<usize>>,
     view: Cell<u32>,
+    /// Fingerprints of the views this shard held before, newest first
+    /// (`0`: none): a message of one of these is from an older view. A view
+    /// in neither list may be a newer one a peer reloaded to first.
+    past_views: Cell<[u32; PAST_VIEWS_MAX]>,
 }
+
+/// Earlier cluster views a shard remembers (reloads).
+const PAST_VIEWS_MAX: usize = 4;
 
 impl Shard {
     pub fn new(
@@ -153,6 +160,7 @@ impl Shard {
             cluster: RefCell::new(cluster),
             local_peer: Cell::new(local_peer),
             view: Cell::new(view),
+            past_views: Cell::new([0; PAST_VIEWS_MAX]),
             resolved,
         })
     }
@@ -168,7 +176,18 @@ impl Shard {
             .collect();
         self.replicator.set_peers(&peers);
         self.local_peer.set(cluster.local_peer());
-        self.view.set(view_fingerprint(cluster.view_id));
+        let (old, new) = (self.view.get(), view_fingerprint(cluster.view_id));
+        if old != new {
+            let mut past = self.past_views.get();
+            past.rotate_right(1);
+            past[0] = old;
+            // A view returned to is current again, not past.
+            for v in past.iter_mut().filter(|v| **v == new) {
+                *v = 0;
+            }
+            self.past_views.set(past);
+        }
+        self.view.set(new);
         *self.cluster.borrow_mut() = Rc::new(cluster.clone());
     }
 
@@ -519,8 +538,9 @@ impl Shard {
     // ---- the store (runs on the owning shard) ----
 
     /// The conflict rules between a stored incarnation and an incoming one
-    /// from another node: the current cluster view beats an old one; then
-    /// the newer version (client operation) wins; then the higher sequence
+    /// from another node: the current cluster view beats one this shard
+    /// held before (a view it never held may be newer, and is not judged by
+    /// view); then the newer version (client operation) wins; then the higher sequence
     /// (more pops done); at a tie a tombstone beats a live copy. A client
     /// operation on this node always wins and does not come here.
     fn replaces(&self, new: &TimerHead, new_tomb: bool, old: &TimerHead, old_tomb: bool) -> bool {
@@ -528,7 +548,12 @@ impl Shard {
             if new.view == self.view() {
                 return true;
             }
-            if old.view == self.view() {
+            // The current view beats an older one. A view this shard never
+            // held may be newer (a peer reloaded first): the version and
+            // sequence decide, so a pop replicated in the window between two
+            // nodes' reloads is not popped again.
+            let past = self.past_views.get();
+            if old.view == self.view() && (new.view == 0 || past.contains(&new.view)) {
                 return false;
             }
         }
