@@ -392,3 +392,72 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
         );
     }
 }
+
+/// Scale-down by reload: node 3 is `leaving` on all three nodes. Each
+/// repeating timer moves at its next pop onto nodes 1 and 2 (the only
+/// members left, so both hold every timer), node 3 keeps only tombstones,
+/// and no sequence number pops twice.
+#[test]
+fn sighup_scale_down_drains_the_leaving_node() {
+    let nodes = start_cluster(3, 1, "");
+    let port = nodes[0].addr.port();
+    let sink = Sink::start(Behaviour::Ok);
+    // Two timers each with node 3 as primary, as backup, and not involved.
+    let mut ids = Vec::new();
+    for want in [
+        |r: &[usize]| r[0] == 3,
+        |r: &[usize]| r[1] == 3,
+        |r: &[usize]| !r.contains(&3),
+    ] {
+        let found: Vec<String> = (1u64..10_000)
+            .map(|u| format!("{u:016x}{:016x}", 0))
+            .filter(|id| want(&replicas_of(id, 3, port, 2)))
+            .take(2)
+            .collect();
+        assert_eq!(found.len(), 2, "no such IDs below 10,000");
+        ids.extend(found);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let r = nodes[2].request(
+            "PUT",
+            &format!("/timers/{id}"),
+            &body("1", Some("60"), &sink.uri(&format!("/d/{i}")), "d", 2),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    nodes[2].wait_replication_settled(Duration::from_secs(5));
+    for (i, node) in nodes.iter().enumerate() {
+        let config = format!(
+            "[runtime]\ncores = 1\n[cluster]\nlocalhost = \"127.0.0.{}:{port}\"\nnode = [\"127.0.0.1:{port}\", \"127.0.0.2:{port}\"]\nleaving = [\"127.0.0.3:{port}\"]\n",
+            i + 1
+        );
+        std::fs::write(node.config_path(), config).unwrap();
+        node.signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !node.log_text().contains("cluster reloaded") {
+            assert!(Instant::now() < deadline, "{}", node.log_text());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2) + SKEW + MARGIN);
+    for node in &nodes {
+        node.wait_replication_settled(Duration::from_secs(5));
+    }
+    assert_eq!(
+        [live(&nodes[0]), live(&nodes[1]), live(&nodes[2])],
+        [6.0, 6.0, 0.0]
+    );
+    for (path, list) in &by_path(&sink.pops()) {
+        let mut seqs: Vec<u32> = list.iter().map(|p| p.sequence).collect();
+        let n = seqs.len();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(seqs.len(), n, "{path}: duplicate pops {seqs:?}");
+        assert!(n >= 4, "{path}: only {n} pops");
+        assert_eq!(
+            seqs,
+            (1..=n as u32).collect::<Vec<_>>(),
+            "{path}: a pop is missing"
+        );
+    }
+}
