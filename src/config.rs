@@ -394,6 +394,8 @@ fn take_value(
 pub struct Resolved {
     pub config: Config,
     pub shards: usize,
+    /// The cluster at start. A reload (SIGHUP) replaces each shard's copy
+    /// (`Shard::cluster`), not this one.
     pub cluster: Cluster,
     pub instance_id: u16,
 }

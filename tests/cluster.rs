@@ -288,6 +288,68 @@ fn joined_config(i: usize, port: u16) -> String {
     )
 }
 
+/// Two timer IDs (a PUT may choose one) whose replica lists satisfy `want`.
+fn two_ids_where(want: impl Fn(&str) -> bool) -> Vec<String> {
+    let ids: Vec<String> = (1u64..10_000)
+        .map(|unique| format!("{unique:016x}{:016x}", 0))
+        .filter(|id| want(id))
+        .take(2)
+        .collect();
+    assert_eq!(ids.len(), 2, "no such IDs below 10,000");
+    ids
+}
+
+/// Create a 1 s timer repeating for 60 s under each ID (by PUT on `node`),
+/// calling back on `{prefix}{i}`; returns the IDs the node answered.
+fn put_repeating(node: &Node, ids: &[String], sink: &Sink, prefix: &str) -> Vec<String> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let uri = sink.uri(&format!("{prefix}{i}"));
+            let r = node.request(
+                "PUT",
+                &format!("/timers/{id}"),
+                &body("1", Some("60"), &uri, "r", 2),
+            );
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.location_id()
+        })
+        .collect()
+}
+
+/// Rewrite a node's config file, SIGHUP it, and wait for the reload.
+fn reload(node: &Node, config: &str) {
+    std::fs::write(node.config_path(), config).unwrap();
+    node.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !node.log_text().contains("cluster reloaded") {
+        assert!(
+            Instant::now() < deadline,
+            "no reload logged:\n{}",
+            node.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Every timer called back on a path under `prefix` popped each sequence
+/// number exactly once, from 1 up, at least 4 times.
+fn assert_each_sequence_once(pops: &[Pop], prefix: &str) {
+    for (path, list) in by_path(pops).iter().filter(|(p, _)| p.starts_with(prefix)) {
+        let mut seqs: Vec<u32> = list.iter().map(|p| p.sequence).collect();
+        let n = seqs.len();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(seqs.len(), n, "{path}: duplicate pops {seqs:?}");
+        assert!(n >= 4, "{path}: only {n} pops");
+        assert_eq!(
+            seqs,
+            (1..=n as u32).collect::<Vec<_>>(),
+            "{path}: a pop is missing"
+        );
+    }
+}
+
 /// Live copies (timers minus tombstones) a node holds.
 fn live(node: &Node) -> f64 {
     node.metric("chronos_timers_pending") - node.metric("chronos_tombstones")
@@ -309,32 +371,20 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
     // kind of move the reload makes: the primary (node 1, which takes the
     // pops) is no longer a replica; the backup is no longer a replica;
     // nothing moves.
-    let id_of = |unique: u64| format!("{unique:016x}{:016x}", 0);
-    let pick = |want: &dyn Fn(&[usize], &[usize]) -> bool| -> Vec<String> {
-        let ids: Vec<String> = (1u64..10_000)
-            .map(id_of)
-            .filter(|id| want(&replicas_of(id, 2, port, 2), &replicas_of(id, 3, port, 2)))
-            .take(2)
-            .collect();
-        assert_eq!(ids.len(), 2, "no such IDs below 10,000");
-        ids
-    };
-    let mut chosen = pick(&|old, new| old[0] == 1 && !new.contains(&1));
-    chosen.extend(pick(&|old, new| old[0] == 1 && !new.contains(&old[1])));
-    chosen.extend(pick(&|old, new| old == new));
-    let repeating: Vec<String> = chosen
-        .iter()
-        .enumerate()
-        .map(|(i, id)| {
-            let r = n1.request(
-                "PUT",
-                &format!("/timers/{id}"),
-                &body("1", Some("60"), &sink.uri(&format!("/r/{i}")), "r", 2),
-            );
-            assert_eq!(r.status, 200, "{}", r.text());
-            r.location_id()
-        })
-        .collect();
+    let moves = |id: &str| (replicas_of(id, 2, port, 2), replicas_of(id, 3, port, 2));
+    let mut chosen = two_ids_where(|id| {
+        let (old, new) = moves(id);
+        old[0] == 1 && !new.contains(&1)
+    });
+    chosen.extend(two_ids_where(|id| {
+        let (old, new) = moves(id);
+        old[0] == 1 && !new.contains(&old[1])
+    }));
+    chosen.extend(two_ids_where(|id| {
+        let (old, new) = moves(id);
+        old == new
+    }));
+    let repeating = put_repeating(&n1, &chosen, &sink, "/r/");
     n1.wait_replication_settled(Duration::from_secs(5));
     assert_eq!(live(&n1), 6.0);
     assert_eq!(live(&n2), 6.0);
@@ -344,22 +394,9 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
     // interval before node 2: in between, node 1 replicates its pops under
     // the new view to node 2, still on the old one, which must take them (a
     // view it never held may be newer) or pop them again 2 s later.
-    for (i, node) in [(1, &n1), (2, &n2)] {
-        std::fs::write(node.config_path(), joined_config(i, port)).unwrap();
-        node.signal(libc::SIGHUP);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !node.log_text().contains("cluster reloaded") {
-            assert!(
-                Instant::now() < deadline,
-                "no reload logged:\n{}",
-                node.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if i == 1 {
-            std::thread::sleep(Duration::from_millis(1500));
-        }
-    }
+    reload(&n1, &joined_config(1, port));
+    std::thread::sleep(Duration::from_millis(1500));
+    reload(&n2, &joined_config(2, port));
     let fresh: Vec<String> = (0..30)
         .map(|_| n1.create(&body("3600", None, &sink.uri("/fresh"), "f", 2)))
         .collect();
@@ -377,20 +414,7 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
     assert!(expected[2] > 0.0, "the joining node replicates some timer");
     assert_eq!([live(&n1), live(&n2), live(&n3)], expected);
     // Exactly once per sequence number, across the reload.
-    let pops = sink.pops();
-    for (path, list) in by_path(&pops).iter().filter(|(p, _)| p.starts_with("/r/")) {
-        let mut seqs: Vec<u32> = list.iter().map(|p| p.sequence).collect();
-        let n = seqs.len();
-        seqs.sort_unstable();
-        seqs.dedup();
-        assert_eq!(seqs.len(), n, "{path}: duplicate pops {seqs:?}");
-        assert!(n >= 4, "{path}: only {n} pops");
-        assert_eq!(
-            seqs,
-            (1..=n as u32).collect::<Vec<_>>(),
-            "{path}: a pop is missing"
-        );
-    }
+    assert_each_sequence_once(&sink.pops(), "/r/");
 }
 
 /// Scale-down by reload: node 3 is `leaving` on all three nodes. Each
@@ -403,41 +427,18 @@ fn sighup_scale_down_drains_the_leaving_node() {
     let port = nodes[0].addr.port();
     let sink = Sink::start(Behaviour::Ok);
     // Two timers each with node 3 as primary, as backup, and not involved.
-    let mut ids = Vec::new();
-    for want in [
-        |r: &[usize]| r[0] == 3,
-        |r: &[usize]| r[1] == 3,
-        |r: &[usize]| !r.contains(&3),
-    ] {
-        let found: Vec<String> = (1u64..10_000)
-            .map(|u| format!("{u:016x}{:016x}", 0))
-            .filter(|id| want(&replicas_of(id, 3, port, 2)))
-            .take(2)
-            .collect();
-        assert_eq!(found.len(), 2, "no such IDs below 10,000");
-        ids.extend(found);
-    }
-    for (i, id) in ids.iter().enumerate() {
-        let r = nodes[2].request(
-            "PUT",
-            &format!("/timers/{id}"),
-            &body("1", Some("60"), &sink.uri(&format!("/d/{i}")), "d", 2),
-        );
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
+    let replicas = |id: &str| replicas_of(id, 3, port, 2);
+    let mut ids = two_ids_where(|id| replicas(id)[0] == 3);
+    ids.extend(two_ids_where(|id| replicas(id)[1] == 3));
+    ids.extend(two_ids_where(|id| !replicas(id).contains(&3)));
+    put_repeating(&nodes[2], &ids, &sink, "/d/");
     nodes[2].wait_replication_settled(Duration::from_secs(5));
     for (i, node) in nodes.iter().enumerate() {
         let config = format!(
             "[runtime]\ncores = 1\n[cluster]\nlocalhost = \"127.0.0.{}:{port}\"\nnode = [\"127.0.0.1:{port}\", \"127.0.0.2:{port}\"]\nleaving = [\"127.0.0.3:{port}\"]\n",
             i + 1
         );
-        std::fs::write(node.config_path(), config).unwrap();
-        node.signal(libc::SIGHUP);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !node.log_text().contains("cluster reloaded") {
-            assert!(Instant::now() < deadline, "{}", node.log_text());
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        reload(node, &config);
     }
     std::thread::sleep(Duration::from_secs(2) + SKEW + MARGIN);
     for node in &nodes {
@@ -447,17 +448,5 @@ fn sighup_scale_down_drains_the_leaving_node() {
         [live(&nodes[0]), live(&nodes[1]), live(&nodes[2])],
         [6.0, 6.0, 0.0]
     );
-    for (path, list) in &by_path(&sink.pops()) {
-        let mut seqs: Vec<u32> = list.iter().map(|p| p.sequence).collect();
-        let n = seqs.len();
-        seqs.sort_unstable();
-        seqs.dedup();
-        assert_eq!(seqs.len(), n, "{path}: duplicate pops {seqs:?}");
-        assert!(n >= 4, "{path}: only {n} pops");
-        assert_eq!(
-            seqs,
-            (1..=n as u32).collect::<Vec<_>>(),
-            "{path}: a pop is missing"
-        );
-    }
+    assert_each_sequence_once(&sink.pops(), "/d/");
 }

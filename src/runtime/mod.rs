@@ -89,41 +89,41 @@ pub type Reload = Box<dyn Fn() -> Result<Resolved, String> + Send>;
 /// Pending connections the kernel queues per shard listener.
 const LISTEN_BACKLOG: i32 = 1024;
 
-/// A TCP listener on `addr` with `SO_REUSEPORT` (one per shard on the same
+/// Resolve the listen address once (every listener and the probe use it).
+fn listen_addr(addr: &str) -> std::io::Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other("address resolves to nothing"))
+}
+
+/// A TCP socket for `sa` with `SO_REUSEADDR` (a port in `TIME_WAIT` is fine).
+fn tcp_socket(sa: std::net::SocketAddr) -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    Ok(socket)
+}
+
+/// A TCP listener on `sa` with `SO_REUSEPORT` (one per shard on the same
 /// port; the kernel picks one per connection, see [`attach_cpu_steering`]),
 /// non-blocking. Ours, not glommio's `TcpListener::bind`, because the
 /// network ring needs the fd, which glommio's listener does not expose.
-fn bind_reuseport(addr: &str) -> std::io::Result<OwnedFd> {
-    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-    use std::net::ToSocketAddrs;
-    let sa = addr
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::other("address resolves to nothing"))?;
-    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
+fn bind_reuseport(sa: std::net::SocketAddr) -> std::io::Result<OwnedFd> {
+    let socket = tcp_socket(sa)?;
     socket.set_reuse_port(true)?;
-    socket.bind(&SockAddr::from(sa))?;
+    socket.bind(&sa.into())?;
     socket.listen(LISTEN_BACKLOG)?;
     socket.set_nonblocking(true)?;
     Ok(socket.into())
 }
 
-/// Fail if another socket is listening on `addr`. `SO_REUSEPORT` alone
+/// Fail if another socket is listening on `sa`. `SO_REUSEPORT` alone
 /// would let a second process of the same user join the shards' group and
-/// silently take a share of the connections; a plain bind (only
-/// `SO_REUSEADDR`, so a port in `TIME_WAIT` is fine) conflicts with any
-/// listener there.
-fn probe_exclusive(addr: &str) -> std::io::Result<()> {
-    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-    use std::net::ToSocketAddrs;
-    let sa = addr
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::other("address resolves to nothing"))?;
-    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&SockAddr::from(sa)).map_err(|e| {
+/// silently take a share of the connections; a plain bind (no
+/// `SO_REUSEPORT`) conflicts with any listener there.
+fn probe_exclusive(sa: std::net::SocketAddr) -> std::io::Result<()> {
+    tcp_socket(sa)?.bind(&sa.into()).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
             std::io::Error::new(
                 e.kind(),
@@ -286,10 +286,12 @@ pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
     // is the shard order.
     let http = &resolved.config.http;
     let addr = format!("{}:{}", http.bind_address, http.bind_port);
-    probe_exclusive(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let cannot = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
+    let sa = listen_addr(&addr).map_err(cannot)?;
+    probe_exclusive(sa).map_err(cannot)?;
     let mut listeners = Vec::with_capacity(shards);
     for _ in 0..shards {
-        listeners.push(bind_reuseport(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?);
+        listeners.push(bind_reuseport(sa).map_err(cannot)?);
     }
     if http.accept_steering == AcceptSteering::Cpu {
         let pinned: Vec<usize> = cores.iter().take(shards).map(|c| c.id).collect();

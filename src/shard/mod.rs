@@ -72,6 +72,15 @@ impl Placement {
     }
 }
 
+/// Every node's `(address, socket)` in the cluster's peer order: the
+/// replicator's peer list.
+fn replication_peers(cluster: &Cluster) -> Vec<(String, std::net::SocketAddr)> {
+    cluster
+        .all_nodes()
+        .map(|n| (n.address.clone(), n.socket))
+        .collect()
+}
+
 /// Everything one shard owns.
 pub struct Shard {
     pub id: usize,
@@ -124,13 +133,9 @@ impl Shard {
         let store = Store::new(id, shards, resolved.instance_id, clock::now_ms());
         let client = Client::new(&resolved.config.timers);
         let cluster = &resolved.cluster;
-        let peers: Vec<_> = cluster
-            .all_nodes()
-            .map(|n| (n.address.clone(), n.socket))
-            .collect();
         let c = &resolved.config.cluster;
         let replicator = Replicator::new(
-            &peers,
+            &replication_peers(cluster),
             c.replication_queue_max,
             Duration::from_millis(c.replication_timeout_ms),
             Duration::from_millis(resolved.config.timers.callback_connect_timeout_ms),
@@ -170,11 +175,7 @@ impl Shard {
     /// their placement until their next pop or update re-places them
     /// (passive rebalancing, seed 001).
     pub fn set_cluster(&self, cluster: &Cluster) {
-        let peers: Vec<_> = cluster
-            .all_nodes()
-            .map(|n| (n.address.clone(), n.socket))
-            .collect();
-        self.replicator.set_peers(&peers);
+        self.replicator.set_peers(&replication_peers(cluster));
         self.local_peer.set(cluster.local_peer());
         let (old, new) = (self.view.get(), view_fingerprint(cluster.view_id));
         if old != new {

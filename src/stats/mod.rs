@@ -104,6 +104,20 @@ impl ShardStats {
     }
 }
 
+/// One gauge with a `shard` label per shard.
+fn per_shard_gauge(
+    out: &mut String,
+    shards: &[ShardStats],
+    name: &str,
+    help: &str,
+    value: impl Fn(&ShardStats) -> i64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    for (i, s) in shards.iter().enumerate() {
+        let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", value(s));
+    }
+}
+
 /// Render every shard's counters (summed) in Prometheus text format.
 /// `tags` are the per-tag gauges, already merged across shards.
 pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
@@ -127,22 +141,20 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
     let _ = writeln!(out, "# HELP chronos_connections_open Open HTTP server connections.\n# TYPE chronos_connections_open gauge\nchronos_connections_open {open}");
     // Per shard: how `[http] accept-steering` spread the connections, and
     // where the timers live.
-    let _ = writeln!(out, "# HELP chronos_shard_connections_open Open HTTP server connections per shard.\n# TYPE chronos_shard_connections_open gauge");
-    for (i, s) in shards.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "chronos_shard_connections_open{{shard=\"{i}\"}} {}",
-            s.connections_open.load(Relaxed)
-        );
-    }
-    let _ = writeln!(out, "# HELP chronos_shard_timers_pending Timers (and tombstones) held per shard.\n# TYPE chronos_shard_timers_pending gauge");
-    for (i, s) in shards.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "chronos_shard_timers_pending{{shard=\"{i}\"}} {}",
-            s.timers_pending.load(Relaxed)
-        );
-    }
+    per_shard_gauge(
+        out,
+        shards,
+        "chronos_shard_connections_open",
+        "Open HTTP server connections per shard.",
+        |s| s.connections_open.load(Relaxed),
+    );
+    per_shard_gauge(
+        out,
+        shards,
+        "chronos_shard_timers_pending",
+        "Timers (and tombstones) held per shard.",
+        |s| s.timers_pending.load(Relaxed),
+    );
     histogram(
         out,
         shards,
