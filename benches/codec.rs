@@ -66,7 +66,7 @@ fn json(c: &mut Criterion) {
     g.bench_function("parse_timer", |b| {
         b.iter(|| {
             black_box(
-                spec::parse(black_box(TIMER.as_bytes()))
+                spec::parse(black_box(TIMER.as_bytes()), chronos::http::uri::check)
                     .unwrap()
                     .interval_ms,
             )
@@ -92,7 +92,7 @@ fn json(c: &mut Criterion) {
     g.bench_function("parse_replication", |b| {
         b.iter(|| {
             black_box(
-                spec::parse(black_box(&encoded))
+                spec::parse(black_box(&encoded), chronos::http::uri::check)
                     .unwrap()
                     .replication
                     .is_some(),

@@ -24,13 +24,18 @@
 # spends less CPU per request leaves more to the load generator, and this
 # figure varies far less between runs than req/s does.
 #
+# With CHRONOS_BASELINE=<path to another chronos binary>, two more rows per
+# round ("baseline GET /ping", "baseline POST /timers") run that binary with
+# the same defaults, interleaved with the others: a before/after A/B of a
+# change in one run (e.g. a release build of the previous commit).
+#
 # Needs: wrk, nginx (apt-get install wrk nginx-light), a release build.
 # Prints a table and writes perf/results/http-<date>-t<threads>.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; SECS=${2:-10}; CONNS=${3:-64}; THREADS=${4:-1}
 NGINX_PORT=18080; CHRONOS_PORT=17253; NGINX1_PORT=18081; CHRONOS1_PORT=17254
-GLOMMIO_PORT=17255; GLOMMIO1_PORT=17256; HASH_PORT=17257
+GLOMMIO_PORT=17255; GLOMMIO1_PORT=17256; HASH_PORT=17257; BASE_PORT=17258
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --release --quiet
 BIN="$TARGET_DIR/release/chronos"
@@ -69,7 +74,12 @@ GPID1=$!
 printf '[http]\naccept-steering = "hash"\n' > "$WORK/hash.toml"
 "$BIN" --config "$WORK/hash.toml" --bind-port $HASH_PORT --log-level warn 2>"$WORK/hash.log" &
 HPID=$!
-trap 'kill $CPID $CPID1 $GPID $GPID1 $HPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -s stop 2>/dev/null; nginx -c "$WORK/nginx1.conf" -s stop 2>/dev/null; rm -rf "$WORK"' EXIT
+BPID=""
+if [ -n "${CHRONOS_BASELINE:-}" ]; then
+  "$CHRONOS_BASELINE" --bind-port $BASE_PORT --log-level warn 2>"$WORK/baseline.log" &
+  BPID=$!
+fi
+trap 'kill $CPID $CPID1 $GPID $GPID1 $HPID $BPID 2>/dev/null; nginx -c "$WORK/nginx.conf" -s stop 2>/dev/null; nginx -c "$WORK/nginx1.conf" -s stop 2>/dev/null; rm -rf "$WORK"' EXIT
 sleep 1
 NGINX_PIDS=$(pgrep -f "nginx: worker" -P "$(cat "$WORK/nginx.pid")" | tr '\n' ' ')
 NGINX1_PIDS=$(pgrep -f "nginx: worker" -P "$(cat "$WORK/nginx1.pid")" | tr '\n' ' ')
@@ -99,6 +109,10 @@ RESULT="perf/results/http-$(date +%Y-%m-%d)-t$THREADS.txt"
     run "nginx GET /" "$NGINX_PIDS" "http://127.0.0.1:$NGINX_PORT/"
     run "chronos GET /ping" "$CPID" "http://127.0.0.1:$CHRONOS_PORT/ping"
     run "chronos POST /timers" "$CPID" "http://127.0.0.1:$CHRONOS_PORT/timers" "$WORK/post.lua"
+    if [ -n "$BPID" ]; then
+      run "baseline GET /ping" "$BPID" "http://127.0.0.1:$BASE_PORT/ping"
+      run "baseline POST /timers" "$BPID" "http://127.0.0.1:$BASE_PORT/timers" "$WORK/post.lua"
+    fi
     run "chronos-glommio GET /ping" "$GPID" "http://127.0.0.1:$GLOMMIO_PORT/ping"
     run "chronos-hash GET /ping" "$HPID" "http://127.0.0.1:$HASH_PORT/ping"
     run "nginx-1w GET /" "$NGINX1_PIDS" "http://127.0.0.1:$NGINX1_PORT/"

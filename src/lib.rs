@@ -23,6 +23,8 @@ pub mod api;
 pub mod cluster;
 pub mod config;
 pub mod http;
+pub mod murmur;
+pub mod node;
 pub mod queue;
 pub mod runtime;
 pub mod shard;

@@ -1,8 +1,9 @@
 //! `chronos`: the binary. Parses flags and config, then hands over to the
-//! engine (`runtime::run`), which starts one pinned shard per core.
+//! composition root (`node::run`), which starts the engine: one pinned
+//! shard per core.
 //!
-//! Reading order for the hot path: `runtime::run` → `http::server` →
-//! `api::handle` → `shard` (create/update/delete) → `wheel` → `shard::pop`
+//! Reading order for the hot path: `node::run` → `runtime::run` →
+//! `node::shard_main` → `http::server` → `api::handle` → `shard` (create/update/delete) → `wheel` → `shard::pop`
 //! → `http::client` (the callback).
 
 use chronos::config::{Cli, Config, USAGE};
@@ -36,20 +37,38 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| resolved.config.log.level.clone());
-    let filter = match tracing_subscriber::EnvFilter::try_new(&filter) {
-        Ok(f) => f,
+    if let Err(e) = init_logging(&resolved.config.log.level) {
+        eprintln!("chronos: {e}");
+        return ExitCode::from(2);
+    }
+    log_resolved(&cli, &resolved);
+    let reload: chronos::node::Reload = Box::new(move || Config::load(&cli, available));
+    match chronos::node::run(resolved, reload) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("chronos: invalid log level {filter:?}: {e}");
-            return ExitCode::from(2);
+            tracing::error!(target: "chronos::runtime", "{e}");
+            eprintln!("chronos: {e}");
+            ExitCode::from(1)
         }
-    };
+    }
+}
+
+/// Logs to stderr at `RUST_LOG`, else at the configured level.
+fn init_logging(level: &str) -> Result<(), String> {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| level.to_string());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .map_err(|e| format!("invalid log level {filter:?}: {e}"))?;
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
+    Ok(())
+}
+
+/// One line with what the node will run with.
+fn log_resolved(cli: &Cli, resolved: &chronos::config::Resolved) {
     let c = &resolved.config;
     tracing::info!(
         target: "chronos::config",
@@ -71,13 +90,4 @@ fn main() -> ExitCode {
         accept_steering = c.http.accept_steering.name(),
         "resolved configuration"
     );
-    let reload: chronos::runtime::Reload = Box::new(move || Config::load(&cli, available));
-    match chronos::runtime::run(resolved, reload) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(target: "chronos::runtime", "{e}");
-            eprintln!("chronos: {e}");
-            ExitCode::from(1)
-        }
-    }
 }

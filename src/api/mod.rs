@@ -1,4 +1,5 @@
-//! Routes: the public timer API of seed 000, plus `/ping` and `/metrics`.
+//! Routes: the public timer API of seed 000, its internal API (replication
+//! and resync), plus `/ping`, `/ready` and `/metrics`.
 //!
 //! | path                  | methods           |
 //! |-----------------------|-------------------|
@@ -6,39 +7,50 @@
 //! | `/timers/references`  | `DELETE` (resync) |
 //! | `/timers/<32 hex>`    | `PUT`, `DELETE`   |
 //! | `/ping`               | `GET`, `HEAD`     |
+//! | `/ready`              | `GET`, `HEAD`     |
 //! | `/metrics`            | `GET`             |
 //!
 //! Every error carries its reason in the body.
 
-use crate::http::{write_response, Method, Request};
+use crate::http::server::Handler;
+use crate::http::{uri, write_response, Method, Request};
 use crate::shard::{OpError, Shard};
 use crate::timer::{spec, TimerId};
+use std::future::Future;
+use std::rc::Rc;
+
+/// Readiness beyond the shards themselves (e.g. the delay queue's
+/// Postgres and broker): `Err` names what is not ready.
+pub type ReadyCheck = Box<dyn Fn() -> Result<(), String>>;
+
+/// The API of one shard: what the HTTP server calls.
+pub struct Api {
+    shard: Rc<Shard>,
+    ready: ReadyCheck,
+}
+
+impl Api {
+    pub fn new(shard: Rc<Shard>, ready: ReadyCheck) -> Api {
+        Api { shard, ready }
+    }
+}
+
+impl Handler for Api {
+    fn handle<'a>(
+        &'a self,
+        req: &'a Request<'a>,
+        out: &'a mut Vec<u8>,
+        close: bool,
+    ) -> impl Future<Output = u16> + 'a {
+        handle(self, req, out, close)
+    }
+}
 
 /// Answer one request into `out`; returns the status written.
-pub async fn handle(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+    let shard = &*api.shard;
     match req.path {
-        "/timers" => match req.method {
-            Method::Post => match spec::parse(req.body) {
-                Ok(s) => timer_result(out, shard.create(&s), close),
-                Err(reason) => error(out, 400, &reason, close),
-            },
-            Method::Get => match shard.resync_query(req.query, req.range) {
-                Ok(q) => {
-                    let (status, count, body) = shard.resync_get(q).await;
-                    let mut digits = [0u8; 10];
-                    let range = crate::http::client::format_u32(&mut digits, count as u32);
-                    let mut headers: Vec<(&str, &[u8])> =
-                        vec![("Content-Type", b"application/json")];
-                    if status == 206 {
-                        headers.push(("Content-Range", range));
-                    }
-                    write_response(out, status, &headers, body.as_bytes(), close);
-                    status
-                }
-                Err((status, reason)) => error(out, status, &reason, close),
-            },
-            _ => not_allowed(out, "GET, POST", close),
-        },
+        "/timers" => timers(shard, req, out, close).await,
         "/timers/references" => match req.method {
             Method::Delete => match shard.resync_references(req.body).await {
                 Ok(_) => {
@@ -50,83 +62,112 @@ pub async fn handle(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: 
             _ => not_allowed(out, "DELETE", close),
         },
         "/ping" => match req.method {
-            Method::Get => {
-                write_response(out, 200, &[], b"OK", close);
-                200
-            }
-            Method::Head => {
-                write_response(out, 200, &[], b"", close);
-                200
-            }
+            Method::Get => text(out, 200, "OK", close),
+            Method::Head => text(out, 200, "", close),
             _ => not_allowed(out, "GET, HEAD", close),
         },
         "/ready" => match req.method {
-            Method::Get | Method::Head => {
-                let (status, body) = match shard.readiness() {
-                    Ok(()) => (200, "ready".to_string()),
-                    Err(why) => (503, format!("not ready: {why}")),
-                };
-                let body = if req.method == Method::Head {
-                    ""
-                } else {
-                    body.as_str()
-                };
-                write_response(out, status, &[], body.as_bytes(), close);
-                status
-            }
+            Method::Get | Method::Head => ready(api, req.method, out, close),
             _ => not_allowed(out, "GET, HEAD", close),
         },
         "/metrics" => match req.method {
-            Method::Get => {
-                let tags = shard.all_tags().await;
-                let mut text = String::with_capacity(4096);
-                crate::stats::render(&shard.stats, &tags, &mut text);
-                write_response(
-                    out,
-                    200,
-                    &[("Content-Type", b"text/plain; version=0.0.4")],
-                    text.as_bytes(),
-                    close,
-                );
-                200
-            }
+            Method::Get => metrics(shard, out, close).await,
             _ => not_allowed(out, "GET", close),
         },
         path => match path.strip_prefix("/timers/") {
-            Some(id_text) => {
-                let Some(id) = TimerId::parse(id_text.as_bytes()) else {
-                    return error(
-                        out,
-                        404,
-                        "no such timer: a timer ID is 32 hex digits",
-                        close,
-                    );
-                };
-                match req.method {
-                    Method::Put => match spec::parse(req.body) {
-                        Ok(s) if s.replication.is_some() => {
-                            let result = shard.replica_update(id, s).await;
-                            timer_result(out, result, close)
-                        }
-                        Ok(s) => {
-                            let result = shard.client_update(id, s).await;
-                            timer_result(out, result, close)
-                        }
-                        Err(reason) => error(out, 400, &reason, close),
-                    },
-                    Method::Delete => match shard.client_delete(id).await {
-                        Ok(()) => {
-                            write_response(out, 200, &[], b"", close);
-                            200
-                        }
-                        Err(e) => error(out, e.status, &e.reason, close),
-                    },
-                    _ => not_allowed(out, "PUT, DELETE", close),
-                }
-            }
+            Some(id_text) => timer(shard, id_text, req, out, close).await,
             None => error(out, 404, "not found", close),
         },
     }
+}
+
+/// `/timers`: `POST` creates; `GET` is a resync page.
+async fn timers(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+    match req.method {
+        Method::Post => match spec::parse(req.body, uri::check) {
+            Ok(s) => timer_result(out, shard.create(&s), close),
+            Err(reason) => error(out, 400, &reason, close),
+        },
+        Method::Get => match shard.resync_query(req.query, req.range) {
+            Ok(q) => {
+                let (status, count, body) = shard.resync_get(q).await;
+                let mut digits = [0u8; 10];
+                let range = crate::http::format_u32(&mut digits, count as u32);
+                let mut headers: Vec<(&str, &[u8])> = vec![("Content-Type", b"application/json")];
+                if status == 206 {
+                    headers.push(("Content-Range", range));
+                }
+                write_response(out, status, &headers, body.as_bytes(), close);
+                status
+            }
+            Err((status, reason)) => error(out, status, &reason, close),
+        },
+        _ => not_allowed(out, "GET, POST", close),
+    }
+}
+
+/// `/timers/<id>`: `PUT` (a client's, or a replication body naming
+/// `replicas`) and `DELETE`.
+async fn timer(
+    shard: &Shard,
+    id_text: &str,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    close: bool,
+) -> u16 {
+    let Some(id) = TimerId::parse(id_text.as_bytes()) else {
+        return error(
+            out,
+            404,
+            "no such timer: a timer ID is 32 hex digits",
+            close,
+        );
+    };
+    match req.method {
+        Method::Put => match spec::parse(req.body, uri::check) {
+            Ok(s) if s.replication.is_some() => {
+                let result = shard.replica_update(id, s).await;
+                timer_result(out, result, close)
+            }
+            Ok(s) => {
+                let result = shard.client_update(id, s).await;
+                timer_result(out, result, close)
+            }
+            Err(reason) => error(out, 400, &reason, close),
+        },
+        Method::Delete => match shard.client_delete(id).await {
+            Ok(()) => text(out, 200, "", close),
+            Err(e) => error(out, e.status, &e.reason, close),
+        },
+        _ => not_allowed(out, "PUT, DELETE", close),
+    }
+}
+
+fn ready(api: &Api, method: Method, out: &mut Vec<u8>, close: bool) -> u16 {
+    let (status, body) = match api.shard.readiness().and_then(|()| (api.ready)()) {
+        Ok(()) => (200, "ready".to_string()),
+        Err(why) => (503, format!("not ready: {why}")),
+    };
+    let body = if method == Method::Head {
+        ""
+    } else {
+        body.as_str()
+    };
+    text(out, status, body, close)
+}
+
+async fn metrics(shard: &Shard, out: &mut Vec<u8>, close: bool) -> u16 {
+    let tags = shard.all_tags().await;
+    let mut text = String::with_capacity(4096);
+    crate::stats::render(&shard.stats, &tags, &mut text);
+    write_response(
+        out,
+        200,
+        &[("Content-Type", b"text/plain; version=0.0.4")],
+        text.as_bytes(),
+        close,
+    );
+    200
 }
 
 fn timer_result(out: &mut Vec<u8>, result: Result<TimerId, OpError>, close: bool) -> u16 {
@@ -142,9 +183,14 @@ fn timer_result(out: &mut Vec<u8>, result: Result<TimerId, OpError>, close: bool
     }
 }
 
-fn error(out: &mut Vec<u8>, status: u16, reason: &str, close: bool) -> u16 {
-    write_response(out, status, &[], reason.as_bytes(), close);
+fn text(out: &mut Vec<u8>, status: u16, body: &str, close: bool) -> u16 {
+    write_response(out, status, &[], body.as_bytes(), close);
     status
+}
+
+fn error(out: &mut Vec<u8>, status: u16, reason: &str, close: bool) -> u16 {
+    assert!(status >= 400, "an error status");
+    text(out, status, reason, close)
 }
 
 fn not_allowed(out: &mut Vec<u8>, allow: &str, close: bool) -> u16 {

@@ -10,14 +10,12 @@
 //!   filter is the OR of its replicas' filters; the cluster view ID is the OR
 //!   over every node of the (new) cluster, written in decimal.
 
-pub mod murmur;
 pub mod replicate;
 
-use murmur::{murmur3_x86_128, murmur3_x86_32};
+use crate::murmur::{murmur3_x86_128, murmur3_x86_32};
 use std::net::SocketAddr;
 
-/// The largest cluster this build accepts (replica lists are small arrays).
-pub const NODES_MAX: usize = 64;
+pub use crate::timer::NODES_MAX;
 
 /// One member of the cluster.
 #[derive(Clone, Debug)]

@@ -3,8 +3,10 @@
 //! Each shard has one `Replicator` with a queue per peer node. Enqueueing is
 //! synchronous and never waits (the pop loop and request handlers call it);
 //! one sender task per peer drains the queue in batches of up to
-//! `BATCH_MAX` requests, written in one `write_all` on a keep-alive
-//! connection and answered in order (HTTP/1.1 pipelining).
+//! `BATCH_MAX` requests, handed to the shard's HTTP client as one pipelined
+//! batch ([`Client::pipeline`]: one `write_all` on a pooled keep-alive
+//! connection, answered in order). Senders hold the shard's gate: at
+//! shutdown each delivers the batch in hand and stops.
 //!
 //! Bounds, per shard and peer: `queue_max` messages waiting (beyond it a
 //! message is dropped and counted), one connection, one batch in flight,
@@ -14,32 +16,36 @@
 //! replication is best-effort by design (the reference does the same), and
 //! the skewed backups cover a lost pop replication with a late duplicate.
 
+use crate::http::client::Client;
+use crate::runtime::gate::Gate;
 use crate::runtime::notify::Notify;
-use crate::shard::SHUTDOWN;
 use crate::stats::ShardStats;
 use crate::timer::TimerId;
-use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
-use glommio::net::TcpStream;
+use futures_lite::future;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Requests per pipelined write.
 pub const BATCH_MAX: usize = 256;
 /// Reconnect backoff after a failed connect or batch.
 pub const BACKOFF_MS_MIN: u64 = 50;
 pub const BACKOFF_MS_MAX: u64 = 2_000;
-/// Largest response head accepted from a peer.
-const RESPONSE_HEAD_MAX: usize = 16 * 1024;
 /// Spare segment buffers kept per peer.
 const SPARE_SEGMENTS_MAX: usize = 8;
-/// How often an idle sender checks for shutdown.
-const IDLE_CHECK: Duration = Duration::from_millis(200);
+
+/// A replicator's bounds and timeouts (from `[cluster]`).
+#[derive(Clone, Copy, Debug)]
+pub struct ReplicatorConfig {
+    /// Messages queued per peer; beyond it a message is dropped (counted).
+    pub queue_max: usize,
+    /// A batch must be answered within this.
+    pub timeout: Duration,
+}
 
 /// What one replication message says about a timer.
 pub struct Body<'a> {
@@ -157,9 +163,9 @@ impl Peer {
 pub struct Replicator {
     /// In cluster peer order; replaced as a whole by a reload.
     peers: RefCell<Vec<Rc<Peer>>>,
-    queue_max: usize,
-    timeout: Duration,
-    connect_timeout: Duration,
+    config: ReplicatorConfig,
+    client: Rc<Client>,
+    gate: Rc<Gate>,
     stats: Arc<[ShardStats]>,
     shard: usize,
     /// Reused body buffer.
@@ -171,12 +177,13 @@ impl Replicator {
     /// then `leaving`); the local node's entry is simply never used.
     pub fn new(
         peers: &[(String, SocketAddr)],
-        queue_max: usize,
-        timeout: Duration,
-        connect_timeout: Duration,
+        config: ReplicatorConfig,
+        client: Rc<Client>,
+        gate: Rc<Gate>,
         stats: Arc<[ShardStats]>,
         shard: usize,
     ) -> Replicator {
+        assert!(shard < stats.len(), "shard {shard} has no stats");
         Replicator {
             peers: RefCell::new(
                 peers
@@ -184,9 +191,12 @@ impl Replicator {
                     .map(|(address, socket)| Peer::new(address, *socket))
                     .collect(),
             ),
-            queue_max: queue_max.max(1),
-            timeout,
-            connect_timeout: connect_timeout.min(timeout),
+            config: ReplicatorConfig {
+                queue_max: config.queue_max.max(1),
+                ..config
+            },
+            client,
+            gate,
             stats,
             shard,
             scratch: RefCell::new(Vec::with_capacity(1024)),
@@ -232,7 +242,7 @@ impl Replicator {
             ShardStats::add(&self.stats().replication_dropped, 1);
             return;
         };
-        if p.queued.get() >= self.queue_max {
+        if p.queued.get() >= self.config.queue_max {
             ShardStats::add(&self.stats().replication_dropped, 1);
             return;
         }
@@ -262,185 +272,97 @@ impl Replicator {
         out.extend_from_slice(&scratch);
         seg.count += 1;
         p.queued.set(p.queued.get() + 1);
+        assert!(seg.count <= BATCH_MAX && p.queued.get() <= self.config.queue_max);
         drop(segments);
-        if !p.running.get() {
+        if !p.running.get() && self.start_sender(p) {
             p.running.set(true);
-            let peer = p.clone();
-            let timeout = self.timeout;
-            let connect_timeout = self.connect_timeout;
-            let stats = self.stats.clone();
-            let shard = self.shard;
-            glommio::spawn_local(async move {
-                sender(peer, timeout, connect_timeout, stats, shard).await;
-            })
-            .detach();
         }
         p.wake.notify();
     }
+
+    /// Start `peer`'s sender task (it holds the gate); `false` at shutdown.
+    fn start_sender(&self, peer: &Rc<Peer>) -> bool {
+        let sender = Sender {
+            peer: peer.clone(),
+            client: self.client.clone(),
+            gate: self.gate.clone(),
+            config: self.config,
+            stats: self.stats.clone(),
+            shard: self.shard,
+        };
+        self.gate.spawn(sender.run())
+    }
 }
 
-/// Drain one peer's queue until shutdown.
-async fn sender(
+/// One peer's sender task.
+struct Sender {
     peer: Rc<Peer>,
-    timeout: Duration,
-    connect_timeout: Duration,
+    client: Rc<Client>,
+    gate: Rc<Gate>,
+    config: ReplicatorConfig,
     stats: Arc<[ShardStats]>,
     shard: usize,
-) {
-    let stats = &stats[shard];
-    let mut conn: Option<TcpStream> = None;
-    let mut backoff_ms = 0u64;
-    let mut rbuf: Vec<u8> = Vec::with_capacity(64 * 1024);
-    loop {
-        let next = peer.segments.borrow_mut().pop_front();
-        let Some(mut seg) = next else {
-            if SHUTDOWN.load(Ordering::Relaxed) || peer.retired.get() {
-                peer.running.set(false);
-                return;
+}
+
+impl Sender {
+    /// Drain the peer's queue until shutdown (or retirement) finds it empty.
+    async fn run(self) {
+        let peer = &self.peer;
+        let mut backoff_ms = 0u64;
+        loop {
+            let next = peer.segments.borrow_mut().pop_front();
+            let Some(mut seg) = next else {
+                if self.gate.is_closing() || peer.retired.get() {
+                    peer.running.set(false);
+                    return;
+                }
+                future::or(peer.wake.wait(), self.gate.closing()).await;
+                continue;
+            };
+            assert!(
+                peer.queued.get() >= seg.count,
+                "queued counts every segment"
+            );
+            peer.queued.set(peer.queued.get() - seg.count);
+            backoff_ms = self.deliver(&seg, backoff_ms).await;
+            seg.bytes.clear();
+            seg.count = 0;
+            {
+                let mut spare = peer.spare.borrow_mut();
+                if spare.len() < SPARE_SEGMENTS_MAX && seg.bytes.capacity() <= 1 << 20 {
+                    spare.push(seg.bytes);
+                }
             }
-            future::or(peer.wake.wait(), glommio::timer::sleep(IDLE_CHECK)).await;
-            continue;
-        };
-        peer.queued.set(peer.queued.get() - seg.count);
-        let deadline = Instant::now() + timeout;
-        let outcome = future::or(
-            deliver(&peer, &mut conn, &seg, &mut rbuf, connect_timeout, deadline),
-            async {
-                glommio::timer::sleep(timeout).await;
-                Err((0, format!("no answer within {} ms", timeout.as_millis())))
-            },
-        )
-        .await;
+            if backoff_ms > 0 && !self.gate.is_closing() {
+                let pause = glommio::timer::sleep(Duration::from_millis(backoff_ms));
+                future::or(pause, self.gate.closing()).await;
+            }
+        }
+    }
+
+    /// Send one segment as a pipelined batch and count the outcome; returns
+    /// the next backoff.
+    async fn deliver(&self, seg: &Segment, backoff_ms: u64) -> u64 {
+        let stats = &self.stats[self.shard];
+        let peer = &self.peer;
+        let outcome = self
+            .client
+            .pipeline(peer.socket, &seg.bytes, seg.count, self.config.timeout)
+            .await;
         match outcome {
             Ok(rejected) => {
                 ShardStats::add(&stats.replication_sent, (seg.count - rejected) as u64);
                 ShardStats::add(&stats.replication_failed, rejected as u64);
-                backoff_ms = 0;
+                0
             }
             Err((answered, e)) => {
-                conn = None;
                 ShardStats::add(&stats.replication_sent, answered as u64);
                 ShardStats::add(&stats.replication_failed, (seg.count - answered) as u64);
                 tracing::debug!(target: "chronos::replication", "to {}: {} messages lost: {e}", peer.address, seg.count - answered);
-                backoff_ms = (backoff_ms * 2).clamp(BACKOFF_MS_MIN, BACKOFF_MS_MAX);
+                (backoff_ms * 2).clamp(BACKOFF_MS_MIN, BACKOFF_MS_MAX)
             }
-        }
-        seg.bytes.clear();
-        seg.count = 0;
-        {
-            let mut spare = peer.spare.borrow_mut();
-            if spare.len() < SPARE_SEGMENTS_MAX && seg.bytes.capacity() <= 1 << 20 {
-                spare.push(seg.bytes);
-            }
-        }
-        if backoff_ms > 0 {
-            glommio::timer::sleep(Duration::from_millis(backoff_ms)).await;
         }
     }
-}
-
-/// Send one segment and read its answers. Ok: how many were rejected (non-2xx).
-/// Err: how many were answered 2xx before the failure, and why.
-async fn deliver(
-    peer: &Peer,
-    conn: &mut Option<TcpStream>,
-    seg: &Segment,
-    rbuf: &mut Vec<u8>,
-    connect_timeout: Duration,
-    deadline: Instant,
-) -> Result<usize, (usize, String)> {
-    // A kept connection may have been closed by the peer while idle: when
-    // nothing at all comes back on it, retry once on a fresh one.
-    for attempt in 0..2 {
-        let reused = conn.is_some();
-        if conn.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let limit = connect_timeout.min(left).max(Duration::from_millis(1));
-            let stream = TcpStream::connect_timeout(peer.socket, limit)
-                .await
-                .map_err(|e| (0, format!("connect: {e}")))?;
-            let _ = stream.set_nodelay(true);
-            *conn = Some(stream);
-        }
-        let stream = conn.as_mut().expect("connected above");
-        rbuf.clear();
-        let result = async {
-            stream
-                .write_all(&seg.bytes)
-                .await
-                .map_err(|e| (0, format!("send: {e}")))?;
-            read_answers(stream, seg.count, rbuf).await
-        }
-        .await;
-        match result {
-            Err((0, e)) if reused && attempt == 0 && rbuf.is_empty() => {
-                tracing::trace!(target: "chronos::replication", "stale connection to {}: {e}", peer.address);
-                *conn = None;
-                continue;
-            }
-            other => return other,
-        }
-    }
-    unreachable!("the loop returns on its second attempt")
-}
-
-/// Read `count` pipelined responses. Ok: rejected count.
-async fn read_answers(
-    stream: &mut TcpStream,
-    count: usize,
-    rbuf: &mut Vec<u8>,
-) -> Result<usize, (usize, String)> {
-    let mut pos = 0usize;
-    let mut ok = 0usize;
-    let mut rejected = 0usize;
-    let mut chunk = [0u8; 16 * 1024];
-    while ok + rejected < count {
-        // Parse what is buffered.
-        let mut headers = [httparse::EMPTY_HEADER; 16];
-        let mut resp = httparse::Response::new(&mut headers);
-        match resp.parse(&rbuf[pos..]) {
-            Ok(httparse::Status::Complete(head)) => {
-                let mut len = 0usize;
-                for h in resp.headers.iter() {
-                    if h.name.eq_ignore_ascii_case("content-length") {
-                        len = std::str::from_utf8(h.value)
-                            .ok()
-                            .and_then(|s| s.trim().parse().ok())
-                            .ok_or((ok, "bad Content-Length from peer".to_string()))?;
-                    }
-                }
-                if rbuf.len() - pos >= head + len {
-                    let status = resp.code.unwrap_or(0);
-                    if (200..300).contains(&status) {
-                        ok += 1;
-                    } else {
-                        rejected += 1;
-                    }
-                    pos += head + len;
-                    continue;
-                }
-            }
-            Ok(httparse::Status::Partial) => {
-                if rbuf.len() - pos > RESPONSE_HEAD_MAX {
-                    return Err((ok, "response head too large".into()));
-                }
-            }
-            Err(e) => return Err((ok, format!("malformed response: {e}"))),
-        }
-        let n = stream
-            .read(&mut chunk)
-            .await
-            .map_err(|e| (ok, format!("receive: {e}")))?;
-        if n == 0 {
-            return Err((ok, "connection closed".into()));
-        }
-        if pos > 0 && pos == rbuf.len() {
-            rbuf.clear();
-            pos = 0;
-        }
-        rbuf.extend_from_slice(&chunk[..n]);
-    }
-    Ok(rejected)
 }
 
 #[cfg(test)]
@@ -466,7 +388,7 @@ mod tests {
         };
         let mut out = Vec::new();
         encode_body(&mut out, &body);
-        let s = spec::parse(&out).unwrap();
+        let s = spec::parse(&out, crate::http::uri::check).unwrap();
         assert_eq!((s.interval_ms, s.repeat_for_ms), (1500, 6000));
         assert_eq!(s.uri, "http://127.0.0.1:9/cb");
         assert_eq!(s.opaque, "o\"p\\aque\n");
@@ -489,7 +411,7 @@ mod tests {
         };
         out.clear();
         encode_body(&mut out, &tomb);
-        let s = spec::parse(&out).unwrap();
+        let s = spec::parse(&out, crate::http::uri::check).unwrap();
         assert!(s.is_tombstone());
     }
 }

@@ -1,13 +1,16 @@
-//! The HTTP/1.1 client a shard uses for callbacks (and, later, replication).
+//! The one HTTP/1.1 client of a shard: callbacks, replication, and the
+//! resync and cross-site traffic to come.
 //!
-//! Per shard, per target `ip:port`: a pool of keep-alive connections, at most
-//! `callback-connections-per-host-max` open at once (further requests wait
-//! for one, within their total timeout). Every request has a connect timeout
-//! and a total timeout. Responses are framed with `httparse`: Content-Length,
+//! Per shard, per target `ip:port`: a pool of keep-alive connections. Single
+//! requests ([`Client::request`], [`Client::callback`]) take one of at most
+//! `per_host_max` connection permits (further requests wait for one, within
+//! their total timeout); a pipelined batch ([`Client::pipeline`]) is written
+//! in one `write_all` on one pooled connection and answered in order. Every
+//! request has a connect timeout and a total timeout. Responses are framed
+//! with `httparse` by one reader ([`read_response`]): Content-Length,
 //! chunked, or close-delimited bodies, bounded in size.
 
-use crate::config::TimersConfig;
-use crate::timer::spec::parse_uri;
+use super::{format_u32, uri};
 use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
@@ -45,6 +48,16 @@ struct HostPool {
     failed_at: Cell<Option<Instant>>,
 }
 
+impl HostPool {
+    /// Keep a connection that can be reused (up to `IDLE_PER_HOST_MAX`).
+    fn give_back(&self, stream: TcpStream) {
+        let mut idle = self.idle.borrow_mut();
+        if idle.len() < IDLE_PER_HOST_MAX {
+            idle.push(stream);
+        }
+    }
+}
+
 /// A response: status and (when asked for) the body.
 #[derive(Debug)]
 pub struct Response {
@@ -71,14 +84,23 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// A client's timeouts and bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientConfig {
+    /// Total time for one request, counted from when it is sent.
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Connections open at once per target for single requests.
+    pub per_host_max: usize,
+}
+
 impl Client {
-    pub fn new(cfg: &TimersConfig) -> Client {
+    pub fn new(cfg: ClientConfig) -> Client {
+        assert!(cfg.per_host_max > 0, "at least one connection per target");
         Client {
-            timeout: Duration::from_millis(cfg.callback_timeout_ms),
-            connect_timeout: Duration::from_millis(
-                cfg.callback_connect_timeout_ms.min(cfg.callback_timeout_ms),
-            ),
-            per_host_max: cfg.callback_connections_per_host_max,
+            timeout: cfg.timeout,
+            connect_timeout: cfg.connect_timeout.min(cfg.timeout),
+            per_host_max: cfg.per_host_max,
             in_flight: Cell::new(0),
             pools: RefCell::new(HashMap::new()),
             names: RefCell::new(HashMap::new()),
@@ -97,7 +119,7 @@ impl Client {
         let uri = std::str::from_utf8(&data[..uri_len])
             .map_err(|_| "callback URI is not UTF-8".to_string())?;
         let opaque = &data[uri_len..];
-        let target = parse_uri(uri)?;
+        let target = uri::parse(uri)?;
         let mut seq_buf = [0u8; 10];
         let seq = format_u32(&mut seq_buf, sequence);
         let headers: [(&str, &[u8]); 2] = [
@@ -147,10 +169,90 @@ impl Client {
         })
         .await?;
         let pool = self.pool(addr);
-        // Waiting for a connection is bounded in time (the timeout) and,
-        // for a target that has just failed, in count (`QUEUED_PER_HOST_MAX`):
-        // a dead target fails fast instead of taking every in-flight slot
-        // from the others, while a busy live one is waited for.
+        let _permit = self.permit(&pool, addr).await?;
+        // The timeout of the request itself starts when it is sent (seed
+        // 000: a callback must complete within 2 s of being sent).
+        let deadline = Instant::now() + self.timeout;
+        let mut out = self.take_buffer();
+        build_request(&mut out, method, path, authority, headers, body);
+        let head_only = method == "HEAD";
+        let work = async {
+            // A pooled connection may have been closed by the peer: one retry
+            // on a fresh connection when nothing at all came back.
+            for attempt in 0..2 {
+                let (mut stream, reused) = self.take_connection(&pool, addr, deadline).await?;
+                match exchange(&mut stream, &out, head_only, want_body).await {
+                    Ok((response, keep)) => {
+                        if keep {
+                            pool.give_back(stream);
+                        }
+                        return Ok(response);
+                    }
+                    Err(Exchange::NothingBack(_)) if reused && attempt == 0 => continue,
+                    Err(Exchange::NothingBack(e)) | Err(Exchange::Failed(e)) => return Err(e),
+                }
+            }
+            unreachable!("the second attempt returns")
+        };
+        let result = future::or(work, self.expire(deadline)).await;
+        self.give_buffer(out);
+        pool.failed_at.set(result.is_err().then(Instant::now));
+        result
+    }
+
+    /// A pipelined batch: `requests` holds `count` complete requests, written
+    /// at once on one pooled connection to `addr` and answered in order.
+    /// `Ok`: how many were answered with a non-2xx status. `Err`: how many
+    /// were answered 2xx before the failure, and why. A connection kept idle
+    /// that gives nothing back is retried once on a fresh one. Batches hold
+    /// no single-request permit: their sender bounds them (one at a time).
+    pub async fn pipeline(
+        &self,
+        addr: SocketAddr,
+        requests: &[u8],
+        count: usize,
+        timeout: Duration,
+    ) -> Result<usize, (usize, String)> {
+        assert!(count > 0 && !requests.is_empty(), "a batch has requests");
+        let pool = self.pool(addr);
+        let deadline = Instant::now() + timeout;
+        let work = async {
+            for attempt in 0..2 {
+                let (mut stream, reused) = self
+                    .take_connection(&pool, addr, deadline)
+                    .await
+                    .map_err(|e| (0, e))?;
+                match exchange_batch(&mut stream, requests, count).await {
+                    Ok((rejected, keep)) => {
+                        if keep {
+                            pool.give_back(stream);
+                        }
+                        return Ok(rejected);
+                    }
+                    Err((0, Exchange::NothingBack(_))) if reused && attempt == 0 => continue,
+                    Err((ok, Exchange::NothingBack(e) | Exchange::Failed(e))) => {
+                        return Err((ok, e))
+                    }
+                }
+            }
+            unreachable!("the second attempt returns")
+        };
+        let expire = async {
+            glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+            Err((0, format!("no answer within {} ms", timeout.as_millis())))
+        };
+        future::or(work, expire).await
+    }
+
+    /// Wait for a connection permit: bounded in time (the timeout) and, for
+    /// a target that has just failed, in count (`QUEUED_PER_HOST_MAX`), so a
+    /// dead target fails fast instead of taking every in-flight slot from
+    /// the others, while a busy live one is waited for.
+    async fn permit<'p>(
+        &self,
+        pool: &'p HostPool,
+        addr: SocketAddr,
+    ) -> Result<glommio::sync::Permit<'p>, String> {
         let failing = pool
             .failed_at
             .get()
@@ -178,54 +280,28 @@ impl Client {
         )
         .await;
         pool.waiting.set(pool.waiting.get() - 1);
-        let _permit = permit?;
-        // The timeout of the request itself starts when it is sent (seed
-        // 000: a callback must complete within 2 s of being sent).
-        let deadline = Instant::now() + self.timeout;
-        let work = async {
-            let mut out = self.take_buffer();
-            build_request(&mut out, method, path, authority, headers, body);
-            // A pooled connection may have been closed by the peer: one retry
-            // on a fresh connection when nothing at all came back.
-            let mut attempt = 0;
-            let result = loop {
-                // Take the idle connection before awaiting anything: no
-                // RefCell borrow may live across an await.
-                let idle = pool.idle.borrow_mut().pop();
-                let (mut stream, reused) = match idle {
-                    Some(s) => (s, true),
-                    None => match self.connect(addr, deadline).await {
-                        Ok(s) => (s, false),
-                        Err(e) => break Err(e),
-                    },
-                };
-                match exchange(&mut stream, &out, method == "HEAD", want_body).await {
-                    Ok((response, keep)) => {
-                        if keep {
-                            let mut idle = pool.idle.borrow_mut();
-                            if idle.len() < IDLE_PER_HOST_MAX {
-                                idle.push(stream);
-                            }
-                        }
-                        break Ok(response);
-                    }
-                    Err(Exchange::NothingBack(_)) if reused && attempt == 0 => {
-                        attempt += 1;
-                        continue;
-                    }
-                    Err(Exchange::NothingBack(e)) | Err(Exchange::Failed(e)) => break Err(e),
-                }
-            };
-            self.give_buffer(out);
-            result
-        };
-        let timeout = async {
-            glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
-            Err(format!("no answer within {} ms", self.timeout.as_millis()))
-        };
-        let result = future::or(work, timeout).await;
-        pool.failed_at.set(result.is_err().then(Instant::now));
-        result
+        permit
+    }
+
+    /// An idle pooled connection (`true`: reused), or a new one.
+    async fn take_connection(
+        &self,
+        pool: &HostPool,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> Result<(TcpStream, bool), String> {
+        // Take the idle connection before awaiting anything: no RefCell
+        // borrow may live across an await.
+        let idle = pool.idle.borrow_mut().pop();
+        match idle {
+            Some(s) => Ok((s, true)),
+            None => Ok((self.connect(addr, deadline).await?, false)),
+        }
+    }
+
+    async fn expire<T>(&self, deadline: Instant) -> Result<T, String> {
+        glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+        Err(format!("no answer within {} ms", self.timeout.as_millis()))
     }
 
     async fn connect(&self, addr: SocketAddr, deadline: Instant) -> Result<TcpStream, String> {
@@ -326,6 +402,64 @@ enum Exchange {
     Failed(String),
 }
 
+/// Bytes received on a connection and not yet consumed: a response may
+/// arrive in pieces, and pipelined responses back to back.
+struct Recv {
+    buf: Vec<u8>,
+    pos: usize,
+    /// Bytes received in all (zero: nothing came back yet).
+    total: usize,
+}
+
+impl Recv {
+    fn new() -> Recv {
+        Recv {
+            buf: Vec::with_capacity(READ_CHUNK),
+            pos: 0,
+            total: 0,
+        }
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    fn consume(&mut self, n: usize) {
+        assert!(n <= self.buf.len() - self.pos, "consume what was received");
+        self.pos += n;
+    }
+
+    /// Read once more; end of stream is an error. The failure is
+    /// `NothingBack` only when nothing at all was received.
+    async fn fill(&mut self, stream: &mut TcpStream) -> Result<(), Exchange> {
+        if self.pos > 0 {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+        let mut chunk = [0u8; READ_CHUNK];
+        let fail = |total: usize, e: String| {
+            if total == 0 {
+                Exchange::NothingBack(e)
+            } else {
+                Exchange::Failed(e)
+            }
+        };
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| fail(self.total, format!("receive: {e}")))?;
+        if n == 0 {
+            return Err(fail(
+                self.total,
+                "connection closed before a full response".into(),
+            ));
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        self.total += n;
+        Ok(())
+    }
+}
+
 /// Send one request and read its response. Returns the response and whether
 /// the connection can be reused.
 async fn exchange(
@@ -338,151 +472,200 @@ async fn exchange(
         .write_all(request)
         .await
         .map_err(|e| Exchange::NothingBack(format!("send: {e}")))?;
-    let mut buf: Vec<u8> = Vec::with_capacity(1024);
-    let mut chunk = [0u8; READ_CHUNK];
-    // Read the head.
-    let (status, head_len, framing, mut keep) = loop {
-        let n = stream.read(&mut chunk).await.map_err(|e| {
-            if buf.is_empty() {
-                Exchange::NothingBack(format!("receive: {e}"))
-            } else {
-                Exchange::Failed(format!("receive: {e}"))
-            }
-        })?;
-        if n == 0 {
-            return Err(if buf.is_empty() {
-                Exchange::NothingBack("connection closed before a response".into())
-            } else {
-                Exchange::Failed("connection closed mid-response".into())
-            });
+    let mut recv = Recv::new();
+    let (response, keep) = read_response(stream, &mut recv, head_only, want_body).await?;
+    // Unexpected extra bytes: do not reuse.
+    Ok((response, keep && recv.pending().is_empty()))
+}
+
+/// Send a pipelined batch and read `count` responses. Ok: how many were
+/// not 2xx, and whether the connection can be reused. Err: how many were
+/// 2xx before the failure.
+async fn exchange_batch(
+    stream: &mut TcpStream,
+    requests: &[u8],
+    count: usize,
+) -> Result<(usize, bool), (usize, Exchange)> {
+    stream
+        .write_all(requests)
+        .await
+        .map_err(|e| (0, Exchange::NothingBack(format!("send: {e}"))))?;
+    let mut recv = Recv::new();
+    let (mut ok, mut rejected, mut keep) = (0, 0, true);
+    while ok + rejected < count {
+        let (response, reusable) = read_response(stream, &mut recv, false, false)
+            .await
+            .map_err(|e| (ok, e))?;
+        keep = reusable;
+        if (200..300).contains(&response.status) {
+            ok += 1;
+        } else {
+            rejected += 1;
         }
-        buf.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; 32];
-        let mut resp = httparse::Response::new(&mut headers);
-        match resp.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                let status = resp.code.unwrap_or(0);
-                let mut keep = resp.version == Some(1);
-                let mut framing = Framing::UntilClose;
-                for h in resp.headers.iter() {
-                    if h.name.eq_ignore_ascii_case("content-length") {
-                        let n = std::str::from_utf8(h.value)
-                            .ok()
-                            .and_then(|s| s.trim().parse::<usize>().ok());
-                        framing = Framing::Length(n.ok_or_else(|| {
-                            Exchange::Failed("bad Content-Length in response".into())
-                        })?);
-                    } else if h.name.eq_ignore_ascii_case("transfer-encoding")
-                        && h.value
-                            .windows(7)
-                            .any(|w| w.eq_ignore_ascii_case(b"chunked"))
-                    {
-                        framing = Framing::Chunked;
-                    } else if h.name.eq_ignore_ascii_case("connection") {
-                        if h.value.eq_ignore_ascii_case(b"close") {
-                            keep = false;
-                        } else if h.value.eq_ignore_ascii_case(b"keep-alive") {
-                            keep = true;
-                        }
-                    }
-                }
-                if head_only || status == 204 || status == 304 || (100..200).contains(&status) {
-                    framing = Framing::Length(0);
-                }
-                break (status, len, framing, keep);
-            }
-            Ok(httparse::Status::Partial) if buf.len() <= RESPONSE_HEAD_MAX => continue,
-            Ok(httparse::Status::Partial) => {
-                return Err(Exchange::Failed("response head too large".into()))
-            }
-            Err(e) => return Err(Exchange::Failed(format!("malformed response: {e}"))),
+        if !keep && ok + rejected < count {
+            return Err((ok, Exchange::Failed("peer closed mid-batch".into())));
         }
+    }
+    assert_eq!(ok + rejected, count);
+    Ok((rejected, keep && recv.pending().is_empty()))
+}
+
+/// A response head: status, length, body framing, keep-alive.
+struct Head {
+    status: u16,
+    len: usize,
+    framing: Framing,
+    keep: bool,
+}
+
+/// Read one response from `recv` (reading more as needed), leaving any
+/// bytes after it in `recv`. Returns it and whether the connection may be
+/// kept.
+async fn read_response(
+    stream: &mut TcpStream,
+    recv: &mut Recv,
+    head_only: bool,
+    want_body: bool,
+) -> Result<(Response, bool), Exchange> {
+    let head = loop {
+        if let Some(head) = parse_head(recv.pending(), head_only)? {
+            break head;
+        }
+        recv.fill(stream).await?;
     };
-    buf.drain(..head_len);
-    // Read the body.
-    let body = match framing {
-        Framing::Length(len) => {
-            if len > RESPONSE_BODY_MAX {
-                return Err(Exchange::Failed("response body too large".into()));
-            }
-            while buf.len() < len {
-                read_more(stream, &mut chunk, &mut buf).await?;
-            }
-            if buf.len() > len {
-                keep = false; // unexpected extra bytes: do not reuse
-            }
-            buf.truncate(len);
-            buf
-        }
-        Framing::Chunked => {
-            let mut decoded = Vec::new();
-            let mut pos = 0;
-            loop {
-                match decode_chunk(&buf[pos..]) {
-                    ChunkStep::Data { skip, data } => {
-                        let (a, b) = data;
-                        if decoded.len() + (b - a) > RESPONSE_BODY_MAX {
-                            return Err(Exchange::Failed("response body too large".into()));
-                        }
-                        decoded.extend_from_slice(&buf[pos + a..pos + b]);
-                        pos += skip;
-                    }
-                    ChunkStep::End { skip } => {
-                        if pos + skip != buf.len() {
-                            keep = false;
-                        }
-                        break;
-                    }
-                    ChunkStep::More => {
-                        if buf.len() - pos > RESPONSE_BODY_MAX + READ_CHUNK {
-                            return Err(Exchange::Failed("response chunk too large".into()));
-                        }
-                        read_more(stream, &mut chunk, &mut buf).await?;
-                    }
-                    ChunkStep::Bad => {
-                        return Err(Exchange::Failed("malformed chunked body".into()))
-                    }
-                }
-            }
-            decoded
-        }
+    recv.consume(head.len);
+    let mut keep = head.keep;
+    let body = match head.framing {
+        Framing::Length(len) => read_length(stream, recv, len).await?,
+        Framing::Chunked => read_chunked(stream, recv).await?,
         Framing::UntilClose => {
             keep = false;
-            loop {
-                let n = stream
-                    .read(&mut chunk)
-                    .await
-                    .map_err(|e| Exchange::Failed(format!("receive: {e}")))?;
-                if n == 0 {
-                    break;
-                }
-                if buf.len() + n > RESPONSE_BODY_MAX {
-                    return Err(Exchange::Failed("response body too large".into()));
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            buf
+            read_until_close(stream, recv).await?
         }
     };
     let body = if want_body { body } else { Vec::new() };
-    Ok((Response { status, body }, keep))
+    Ok((
+        Response {
+            status: head.status,
+            body,
+        },
+        keep,
+    ))
 }
 
-/// Append one read to `buf`; a closed connection mid-body is an error.
-async fn read_more(
-    stream: &mut TcpStream,
-    chunk: &mut [u8],
-    buf: &mut Vec<u8>,
-) -> Result<(), Exchange> {
-    let n = stream
-        .read(chunk)
-        .await
-        .map_err(|e| Exchange::Failed(format!("receive: {e}")))?;
-    if n == 0 {
-        return Err(Exchange::Failed("connection closed mid-body".into()));
+/// The head at the start of `buf`, `None` if incomplete.
+fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() <= RESPONSE_HEAD_MAX => return Ok(None),
+        Ok(httparse::Status::Partial) => {
+            return Err(Exchange::Failed("response head too large".into()))
+        }
+        Err(e) => return Err(Exchange::Failed(format!("malformed response: {e}"))),
+    };
+    let status = resp.code.unwrap_or(0);
+    let mut keep = resp.version == Some(1);
+    let mut framing = Framing::UntilClose;
+    for h in resp.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok());
+            let n = n.ok_or_else(|| Exchange::Failed("bad Content-Length in response".into()))?;
+            framing = Framing::Length(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding")
+            && h.value
+                .windows(7)
+                .any(|w| w.eq_ignore_ascii_case(b"chunked"))
+        {
+            framing = Framing::Chunked;
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            if h.value.eq_ignore_ascii_case(b"close") {
+                keep = false;
+            } else if h.value.eq_ignore_ascii_case(b"keep-alive") {
+                keep = true;
+            }
+        }
     }
-    buf.extend_from_slice(&chunk[..n]);
-    Ok(())
+    if head_only || status == 204 || status == 304 || (100..200).contains(&status) {
+        framing = Framing::Length(0);
+    }
+    Ok(Some(Head {
+        status,
+        len,
+        framing,
+        keep,
+    }))
+}
+
+async fn read_length(
+    stream: &mut TcpStream,
+    recv: &mut Recv,
+    len: usize,
+) -> Result<Vec<u8>, Exchange> {
+    if len > RESPONSE_BODY_MAX {
+        return Err(Exchange::Failed("response body too large".into()));
+    }
+    while recv.pending().len() < len {
+        recv.fill(stream).await.map_err(mid_body)?;
+    }
+    let body = recv.pending()[..len].to_vec();
+    recv.consume(len);
+    Ok(body)
+}
+
+async fn read_chunked(stream: &mut TcpStream, recv: &mut Recv) -> Result<Vec<u8>, Exchange> {
+    let mut decoded = Vec::new();
+    loop {
+        match decode_chunk(recv.pending()) {
+            ChunkStep::Data { skip, data: (a, b) } => {
+                if decoded.len() + (b - a) > RESPONSE_BODY_MAX {
+                    return Err(Exchange::Failed("response body too large".into()));
+                }
+                decoded.extend_from_slice(&recv.pending()[a..b]);
+                recv.consume(skip);
+            }
+            ChunkStep::End { skip } => {
+                recv.consume(skip);
+                return Ok(decoded);
+            }
+            ChunkStep::More => {
+                if recv.pending().len() > RESPONSE_BODY_MAX + READ_CHUNK {
+                    return Err(Exchange::Failed("response chunk too large".into()));
+                }
+                recv.fill(stream).await.map_err(mid_body)?;
+            }
+            ChunkStep::Bad => return Err(Exchange::Failed("malformed chunked body".into())),
+        }
+    }
+}
+
+async fn read_until_close(stream: &mut TcpStream, recv: &mut Recv) -> Result<Vec<u8>, Exchange> {
+    let mut chunk = [0u8; READ_CHUNK];
+    let mut body = recv.pending().to_vec();
+    recv.consume(body.len());
+    loop {
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| Exchange::Failed(format!("receive: {e}")))?;
+        if n == 0 {
+            return Ok(body);
+        }
+        if body.len() + n > RESPONSE_BODY_MAX {
+            return Err(Exchange::Failed("response body too large".into()));
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Any failure once the head arrived is not retryable.
+fn mid_body(e: Exchange) -> Exchange {
+    match e {
+        Exchange::NothingBack(e) | Exchange::Failed(e) => Exchange::Failed(e),
+    }
 }
 
 enum Framing {
@@ -553,20 +736,6 @@ fn decode_chunk(buf: &[u8]) -> ChunkStep {
     }
 }
 
-/// Decimal digits of `v` in `buf`, without allocating.
-pub fn format_u32(buf: &mut [u8; 10], mut v: u32) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    &buf[i..]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,12 +757,5 @@ mod tests {
         );
         assert_eq!(decode_chunk(b"zz\r\n"), ChunkStep::Bad);
         assert_eq!(decode_chunk(b"2\r\nabXX"), ChunkStep::Bad);
-    }
-
-    #[test]
-    fn decimal() {
-        let mut b = [0u8; 10];
-        assert_eq!(format_u32(&mut b, 0), b"0");
-        assert_eq!(format_u32(&mut b, 4_294_967_295), b"4294967295");
     }
 }

@@ -9,6 +9,7 @@
 pub mod client;
 pub mod ring;
 pub mod server;
+pub mod uri;
 
 use std::io::Write;
 
@@ -98,48 +99,12 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
     if head_len > header_bytes_max {
         return err(431, "request header fields too large");
     }
-    let version = req.version.unwrap_or(1);
-    let mut keep_alive = version >= 1;
-    let mut content_length: Option<usize> = None;
-    let mut expect_continue = false;
-    let mut range = None;
-    for h in req.headers.iter() {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("content-length") {
-            let Some(n) = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|s| s.trim().parse::<usize>().ok())
-            else {
-                return err(400, "invalid Content-Length");
-            };
-            if content_length.is_some_and(|c| c != n) {
-                return err(400, "conflicting Content-Length headers");
-            }
-            content_length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            return err(
-                411,
-                "chunked request bodies are not supported: send Content-Length",
-            );
-        } else if name.eq_ignore_ascii_case("connection") {
-            for token in h.value.split(|b| *b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    keep_alive = false;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    keep_alive = true;
-                }
-            }
-        } else if name.eq_ignore_ascii_case("expect") {
-            if h.value.eq_ignore_ascii_case(b"100-continue") {
-                expect_continue = true;
-            } else {
-                return err(417, "unsupported Expect header");
-            }
-        } else if name.eq_ignore_ascii_case("range") {
-            range = Some(h.value);
-        }
-    }
+    let h = match read_headers(req.headers, req.version.unwrap_or(1)) {
+        Ok(h) => h,
+        Err(e) => return Parsed::Error(e),
+    };
+    let (keep_alive, content_length, expect_continue, range) =
+        (h.keep_alive, h.content_length, h.expect_continue, h.range);
     let body_len = content_length.unwrap_or(0);
     if body_len > body_bytes_max {
         return err(413, "request body too large");
@@ -160,6 +125,64 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
         },
         head_len + body_len,
     )
+}
+
+/// What the request head's headers say about framing.
+struct HeadFacts<'b> {
+    keep_alive: bool,
+    content_length: Option<usize>,
+    expect_continue: bool,
+    range: Option<&'b [u8]>,
+}
+
+fn read_headers<'b>(
+    headers: &[httparse::Header<'b>],
+    version: u8,
+) -> Result<HeadFacts<'b>, FramingError> {
+    let fail = |status, reason| Err(FramingError { status, reason });
+    let mut h = HeadFacts {
+        keep_alive: version >= 1,
+        content_length: None,
+        expect_continue: false,
+        range: None,
+    };
+    for header in headers {
+        let (name, value) = (header.name, header.value);
+        if name.eq_ignore_ascii_case("content-length") {
+            let Some(n) = std::str::from_utf8(value)
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+            else {
+                return fail(400, "invalid Content-Length");
+            };
+            if h.content_length.is_some_and(|c| c != n) {
+                return fail(400, "conflicting Content-Length headers");
+            }
+            h.content_length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            return fail(
+                411,
+                "chunked request bodies are not supported: send Content-Length",
+            );
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    h.keep_alive = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    h.keep_alive = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case("expect") {
+            if !value.eq_ignore_ascii_case(b"100-continue") {
+                return fail(417, "unsupported Expect header");
+            }
+            h.expect_continue = true;
+        } else if name.eq_ignore_ascii_case("range") {
+            h.range = Some(value);
+        }
+    }
+    Ok(h)
 }
 
 /// The reason phrase of a status code.
@@ -213,6 +236,20 @@ pub fn write_response(
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
+}
+
+/// Decimal digits of `v` in `buf`, without allocating.
+pub fn format_u32(buf: &mut [u8; 10], mut v: u32) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
 }
 
 #[cfg(test)]
@@ -305,6 +342,13 @@ mod tests {
                 expect_continue: true
             }
         ));
+    }
+
+    #[test]
+    fn decimal() {
+        let mut b = [0u8; 10];
+        assert_eq!(format_u32(&mut b, 0), b"0");
+        assert_eq!(format_u32(&mut b, 4_294_967_295), b"4294967295");
     }
 
     #[test]

@@ -359,97 +359,19 @@ impl NetRing {
     /// (or `drain_until` passes once stopping). Also spawns the eventfd
     /// watcher and the idle sweep.
     pub async fn run<A: Acceptor + 'static>(self: Rc<Self>, acceptor: Rc<A>, drain: Duration) {
-        let efd = {
-            // SAFETY: plain syscall; a blocking eventfd (io_uring must not
-            // see O_NONBLOCK or it returns EAGAIN instead of waiting).
-            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-            if fd < 0 {
-                tracing::error!(target: "chronos::http", "eventfd: {}", io::Error::last_os_error());
-                return;
-            }
-            fd
-        };
-        if let Err(e) = self.uring.borrow().submitter().register_eventfd(efd) {
-            tracing::error!(target: "chronos::http", "register eventfd: {e}");
+        let Some(efd) = self.register_eventfd() else {
             return;
-        }
+        };
         let stop = Rc::new(Cell::new(false));
-        {
-            let (ring, stop) = (self.clone(), stop.clone());
-            glommio::spawn_local(async move {
-                // SAFETY: `efd` is ours; the file owns and closes it.
-                let file = unsafe { glommio::io::BufferedFile::from_raw_fd(efd) };
-                while !stop.get() {
-                    if let Err(e) = file.read_at(0, 8).await {
-                        tracing::error!(target: "chronos::http", "eventfd read: {e}");
-                        glommio::timer::sleep(Duration::from_millis(1)).await;
-                    }
-                    ring.wake.notify();
-                }
-            })
-            .detach();
-        }
-        {
-            let (ring, stop, acceptor) = (self.clone(), stop.clone(), acceptor.clone());
-            glommio::spawn_local(async move {
-                // A connection closes after more than `idle_sweeps` whole
-                // periods without input: never before the idle timeout, at
-                // most two periods after it.
-                let period_ms = SWEEP_PERIOD.as_millis() as u64;
-                let idle_sweeps = acceptor.idle_timeout_ms().div_ceil(period_ms).max(1);
-                let idle_sweeps = u32::try_from(idle_sweeps).unwrap_or(u32::MAX);
-                while !stop.get() {
-                    glommio::timer::sleep(SWEEP_PERIOD).await;
-                    ring.idle_sweep(idle_sweeps);
-                    if ring.accept_backoff.replace(false) {
-                        ring.wake.notify();
-                    }
-                }
-            })
-            .detach();
-        }
+        self.spawn_helpers(efd, stop.clone(), acceptor.idle_timeout_ms());
         let mut stopping_since: Option<std::time::Instant> = None;
         loop {
             if acceptor.stopping() && stopping_since.is_none() {
                 stopping_since = Some(std::time::Instant::now());
             }
-            if stopping_since.is_some() {
-                if self.accept_armed.get() && !self.accept_cancelled.replace(true) {
-                    let queued = self.push(
-                        opcode::AsyncCancel::new(user_data(OP_ACCEPT, 0, 0))
-                            .build()
-                            .user_data(user_data(OP_CANCEL, u32::MAX, 0)),
-                    );
-                    // Not queued: try again next pass.
-                    self.accept_cancelled.set(queued);
-                }
-            } else if !self.accept_backoff.get() && !self.accept_armed.replace(true) {
-                let queued = self.push(
-                    opcode::AcceptMulti::new(types::Fd(self.listener_fd))
-                        .build()
-                        .user_data(user_data(OP_ACCEPT, 0, 0)),
-                );
-                if !queued {
-                    // Re-armed by the next sweep.
-                    self.accept_armed.set(false);
-                    self.accept_backoff.set(true);
-                }
-            }
+            self.drive_accept(stopping_since.is_some());
             self.flush_dirty();
-            let needs_enter = {
-                let mut uring = self.uring.borrow_mut();
-                let sq = uring.submission();
-                !sq.is_empty() || sq.cq_overflow() || sq.taskrun()
-            };
-            if needs_enter {
-                if let Err(e) = self.uring.borrow().submit() {
-                    // EBUSY/EAGAIN: the CQ is backed up; reaping frees it.
-                    let code = e.raw_os_error();
-                    if code != Some(libc::EBUSY) && code != Some(libc::EAGAIN) {
-                        tracing::warn!(target: "chronos::http", "io_uring submit: {e}");
-                    }
-                }
-            }
+            self.submit_if_needed();
             self.reap(&acceptor);
             if let Some(since) = stopping_since {
                 let drained = !acceptor.in_hand() && !self.output_pending();
@@ -476,6 +398,105 @@ impl NetRing {
         stop.set(true);
     }
 
+    /// An eventfd registered with the ring (it posts on every CQE), or
+    /// `None` (logged) if that fails.
+    fn register_eventfd(&self) -> Option<RawFd> {
+        // SAFETY: plain syscall; a blocking eventfd (io_uring must not see
+        // O_NONBLOCK or it returns EAGAIN instead of waiting).
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            tracing::error!(target: "chronos::http", "eventfd: {}", io::Error::last_os_error());
+            return None;
+        }
+        if let Err(e) = self.uring.borrow().submitter().register_eventfd(fd) {
+            tracing::error!(target: "chronos::http", "register eventfd: {e}");
+            // SAFETY: ours, and not registered.
+            unsafe { libc::close(fd) };
+            return None;
+        }
+        Some(fd)
+    }
+
+    /// The eventfd reader (wakes the driver on CQEs) and the idle sweep;
+    /// both end once `stop` is set.
+    fn spawn_helpers(self: &Rc<Self>, efd: RawFd, stop: Rc<Cell<bool>>, idle_timeout_ms: u64) {
+        let (ring, stopped) = (self.clone(), stop.clone());
+        glommio::spawn_local(async move {
+            // SAFETY: `efd` is ours; the file owns and closes it.
+            let file = unsafe { glommio::io::BufferedFile::from_raw_fd(efd) };
+            while !stopped.get() {
+                if let Err(e) = file.read_at(0, 8).await {
+                    tracing::error!(target: "chronos::http", "eventfd read: {e}");
+                    glommio::timer::sleep(Duration::from_millis(1)).await;
+                }
+                ring.wake.notify();
+            }
+        })
+        .detach();
+        let ring = self.clone();
+        glommio::spawn_local(async move {
+            // A connection closes after more than `idle_sweeps` whole periods
+            // without input: never before the idle timeout, at most two
+            // periods after it.
+            let period_ms = SWEEP_PERIOD.as_millis() as u64;
+            let idle_sweeps = idle_timeout_ms.div_ceil(period_ms).max(1);
+            let idle_sweeps = u32::try_from(idle_sweeps).unwrap_or(u32::MAX);
+            while !stop.get() {
+                glommio::timer::sleep(SWEEP_PERIOD).await;
+                ring.idle_sweep(idle_sweeps);
+                if ring.accept_backoff.replace(false) {
+                    ring.wake.notify();
+                }
+            }
+        })
+        .detach();
+    }
+
+    /// Keep the multishot `ACCEPT` armed, or cancel it once stopping.
+    fn drive_accept(&self, stopping: bool) {
+        if stopping {
+            if self.accept_armed.get() && !self.accept_cancelled.replace(true) {
+                let queued = self.push(
+                    opcode::AsyncCancel::new(user_data(OP_ACCEPT, 0, 0))
+                        .build()
+                        .user_data(user_data(OP_CANCEL, u32::MAX, 0)),
+                );
+                // Not queued: try again next pass.
+                self.accept_cancelled.set(queued);
+            }
+        } else if !self.accept_backoff.get() && !self.accept_armed.replace(true) {
+            let queued = self.push(
+                opcode::AcceptMulti::new(types::Fd(self.listener_fd))
+                    .build()
+                    .user_data(user_data(OP_ACCEPT, 0, 0)),
+            );
+            if !queued {
+                // Re-armed by the next sweep.
+                self.accept_armed.set(false);
+                self.accept_backoff.set(true);
+            }
+        }
+    }
+
+    /// One `io_uring_enter` when there is anything to submit (or the kernel
+    /// asks for one to run its task work or flush an overflow).
+    fn submit_if_needed(&self) {
+        let needs_enter = {
+            let mut uring = self.uring.borrow_mut();
+            let sq = uring.submission();
+            !sq.is_empty() || sq.cq_overflow() || sq.taskrun()
+        };
+        if needs_enter {
+            if let Err(e) = self.uring.borrow().submit() {
+                // EBUSY/EAGAIN: the CQ is backed up; reaping frees it.
+                let code = e.raw_os_error();
+                if code != Some(libc::EBUSY) && code != Some(libc::EAGAIN) {
+                    tracing::warn!(target: "chronos::http", "io_uring submit: {e}");
+                }
+            }
+        }
+    }
+
     /// Queue the SQEs dirty connections need; close finished ones.
     fn flush_dirty(&self) {
         let mut dirty = std::mem::take(&mut *self.dirty.borrow_mut());
@@ -485,62 +506,10 @@ impl NetRing {
                 None => continue,
             };
             conn.in_dirty.set(false);
-            // Output.
             if !conn.send_inflight.get() && !conn.write_failed.get() {
-                let more = {
-                    let mut out = conn.out.borrow_mut();
-                    let mut sending = conn.sending.borrow_mut();
-                    if conn.sent.get() < sending.len() {
-                        true
-                    } else if !out.is_empty() {
-                        sending.clear();
-                        std::mem::swap(&mut *out, &mut *sending);
-                        conn.sent.set(0);
-                        true
-                    } else {
-                        false
-                    }
-                };
-                if more {
-                    let sending = conn.sending.borrow();
-                    let rest = &sending[conn.sent.get()..];
-                    let queued = self.push(
-                        opcode::Send::new(types::Fd(conn.fd), rest.as_ptr(), rest.len() as u32)
-                            .flags(libc::MSG_NOSIGNAL)
-                            .build()
-                            .user_data(user_data(OP_SEND, conn.index, conn.gen)),
-                    );
-                    conn.send_inflight.set(queued);
-                    if !queued {
-                        // The connection fails; nothing is in flight for it.
-                        conn.write_failed.set(true);
-                        conn.eof.set(true);
-                        conn.wake_reader();
-                        conn.wake_writer();
-                    }
-                }
+                self.flush_output(&conn);
             }
-            // Input: (re-)arm unless closed, paused above the high mark, or
-            // already armed.
-            let unread = conn.input.borrow().len() - conn.in_start.get();
-            if !conn.recv_armed.get()
-                && !conn.cancel_inflight.get()
-                && !conn.eof.get()
-                && !conn.task_done.get()
-                && unread < self.in_bytes_high / 2
-            {
-                conn.recv_paused.set(false);
-                let queued = self.push(
-                    opcode::RecvMulti::new(types::Fd(conn.fd), BGID)
-                        .build()
-                        .user_data(user_data(OP_RECV, conn.index, conn.gen)),
-                );
-                conn.recv_armed.set(queued);
-                if !queued {
-                    conn.eof.set(true);
-                    conn.wake_reader();
-                }
-            }
+            self.arm_input(&conn);
             // Close: the task is gone and its output is out (or cannot go).
             if conn.task_done.get() && (!conn.out_pending() || conn.write_failed.get()) {
                 if conn.recv_armed.get() && !conn.cancel_inflight.get() {
@@ -556,6 +525,72 @@ impl NetRing {
         let mut d = self.dirty.borrow_mut();
         if d.is_empty() {
             *d = dirty;
+        }
+    }
+
+    /// Queue one `SEND` of what the connection's task wrote (no send may
+    /// be in flight for it).
+    #[inline]
+    fn flush_output(&self, conn: &ConnShared) {
+        debug_assert!(!conn.send_inflight.get());
+        let more = {
+            let mut out = conn.out.borrow_mut();
+            let mut sending = conn.sending.borrow_mut();
+            if conn.sent.get() < sending.len() {
+                true
+            } else if !out.is_empty() {
+                sending.clear();
+                std::mem::swap(&mut *out, &mut *sending);
+                conn.sent.set(0);
+                true
+            } else {
+                false
+            }
+        };
+        if !more {
+            return;
+        }
+        let sending = conn.sending.borrow();
+        let rest = &sending[conn.sent.get()..];
+        let queued = self.push(
+            opcode::Send::new(types::Fd(conn.fd), rest.as_ptr(), rest.len() as u32)
+                .flags(libc::MSG_NOSIGNAL)
+                .build()
+                .user_data(user_data(OP_SEND, conn.index, conn.gen)),
+        );
+        conn.send_inflight.set(queued);
+        if !queued {
+            // The connection fails; nothing is in flight for it.
+            conn.write_failed.set(true);
+            conn.eof.set(true);
+            conn.wake_reader();
+            conn.wake_writer();
+        }
+    }
+
+    /// (Re-)arm the connection's multishot `RECV` unless it is closed,
+    /// paused above the high mark, or already armed.
+    #[inline]
+    fn arm_input(&self, conn: &ConnShared) {
+        let unread = conn.input.borrow().len() - conn.in_start.get();
+        if conn.recv_armed.get()
+            || conn.cancel_inflight.get()
+            || conn.eof.get()
+            || conn.task_done.get()
+            || unread >= self.in_bytes_high / 2
+        {
+            return;
+        }
+        conn.recv_paused.set(false);
+        let queued = self.push(
+            opcode::RecvMulti::new(types::Fd(conn.fd), BGID)
+                .build()
+                .user_data(user_data(OP_RECV, conn.index, conn.gen)),
+        );
+        conn.recv_armed.set(queued);
+        if !queued {
+            conn.eof.set(true);
+            conn.wake_reader();
         }
     }
 
@@ -645,54 +680,8 @@ impl NetRing {
                     );
                 }
             }
-            OP_RECV => {
-                let bid = cqueue::buffer_select(flags);
-                let conn = self.conn(index, gen);
-                if let (Some(bid), true) = (bid, res > 0) {
-                    if let Some(c) = &conn {
-                        let data = self.bufs.buffer(bid, res as usize);
-                        c.input.borrow_mut().extend_from_slice(data);
-                        c.active_sweep.set(self.sweep.get());
-                    }
-                }
-                if let Some(bid) = bid {
-                    self.bufs.give_back(bid);
-                }
-                let Some(c) = conn else { return };
-                if !cqueue::more(flags) {
-                    c.recv_armed.set(false);
-                    if res == 0 || (res < 0 && res != -libc::ENOBUFS && res != -libc::ECANCELED) {
-                        c.eof.set(true);
-                    }
-                    // ENOBUFS, a pause, or a kernel that ended the multishot:
-                    // the dirty pass re-arms if still wanted.
-                    self.mark_dirty(&c);
-                } else if c.input.borrow().len() - c.in_start.get() >= self.in_bytes_high
-                    && !c.cancel_inflight.get()
-                {
-                    c.recv_paused.set(true);
-                    self.cancel_recv(&c);
-                }
-                c.wake_reader();
-            }
-            OP_SEND => {
-                let Some(c) = self.conn(index, gen) else {
-                    return;
-                };
-                c.send_inflight.set(false);
-                if res < 0 {
-                    c.write_failed.set(true);
-                    c.eof.set(true);
-                    c.wake_reader();
-                } else {
-                    c.sent.set(c.sent.get() + res as usize);
-                }
-                c.wake_writer();
-                let more = c.sent.get() < c.sending.borrow().len() || !c.out.borrow().is_empty();
-                if more || c.write_failed.get() || c.task_done.get() {
-                    self.mark_dirty(&c);
-                }
-            }
+            OP_RECV => self.received(index, gen, res, flags),
+            OP_SEND => self.sent(index, gen, res),
             OP_CANCEL => {
                 if index == u32::MAX {
                     return;
@@ -703,6 +692,59 @@ impl NetRing {
                 }
             }
             _ => unreachable!("unknown io_uring op {op}"),
+        }
+    }
+
+    /// A multishot `RECV` completion: copy the data to the connection's
+    /// input and hand the buffer back; pause above the high mark.
+    fn received(&self, index: u32, gen: u32, res: i32, flags: u32) {
+        let bid = cqueue::buffer_select(flags);
+        let conn = self.conn(index, gen);
+        if let (Some(bid), true) = (bid, res > 0) {
+            if let Some(c) = &conn {
+                let data = self.bufs.buffer(bid, res as usize);
+                c.input.borrow_mut().extend_from_slice(data);
+                c.active_sweep.set(self.sweep.get());
+            }
+        }
+        if let Some(bid) = bid {
+            self.bufs.give_back(bid);
+        }
+        let Some(c) = conn else { return };
+        if !cqueue::more(flags) {
+            c.recv_armed.set(false);
+            if res == 0 || (res < 0 && res != -libc::ENOBUFS && res != -libc::ECANCELED) {
+                c.eof.set(true);
+            }
+            // ENOBUFS, a pause, or a kernel that ended the multishot:
+            // the dirty pass re-arms if still wanted.
+            self.mark_dirty(&c);
+        } else if c.input.borrow().len() - c.in_start.get() >= self.in_bytes_high
+            && !c.cancel_inflight.get()
+        {
+            c.recv_paused.set(true);
+            self.cancel_recv(&c);
+        }
+        c.wake_reader();
+    }
+
+    /// A `SEND` completion.
+    fn sent(&self, index: u32, gen: u32, res: i32) {
+        let Some(c) = self.conn(index, gen) else {
+            return;
+        };
+        c.send_inflight.set(false);
+        if res < 0 {
+            c.write_failed.set(true);
+            c.eof.set(true);
+            c.wake_reader();
+        } else {
+            c.sent.set(c.sent.get() + res as usize);
+        }
+        c.wake_writer();
+        let more = c.sent.get() < c.sending.borrow().len() || !c.out.borrow().is_empty();
+        if more || c.write_failed.get() || c.task_done.get() {
+            self.mark_dirty(&c);
         }
     }
 

@@ -1,28 +1,70 @@
 //! The HTTP/1.1 server side: one listener per shard on the shared port
 //! (`SO_REUSEPORT`), one task per connection. Sockets are driven by the
 //! shard's network ring ([`crate::http::ring`], `[http] net-ring = true`,
-//! the default) or by glommio's own `TcpStream` ([`accept_loop`], with
-//! `net-ring = false` and where the ring cannot be set up).
+//! the default) or by glommio's own `TcpStream` (`net-ring = false`, and
+//! where the ring cannot be set up). The server knows no routes: a
+//! [`Handler`] from the composition root answers each request.
 //!
 //! A connection reads into one buffer, answers every complete (pipelined)
 //! request in it into one write buffer, and writes that buffer with a single
 //! `write_all`: one read and one write per batch of requests.
 
-use crate::api;
-use crate::http::ring::{Acceptor, RingConn};
-use crate::http::{parse_request, write_response, Parsed};
-use crate::shard::Shard;
+use crate::http::ring::{Acceptor, NetRing, RingConn};
+use crate::http::{parse_request, write_response, Parsed, Request};
+use crate::runtime::gate::Gate;
 use crate::stats::ShardStats;
-use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
+use std::cell::Cell;
 use std::future::Future;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Bytes read per `read` call (and the initial buffer size).
 const READ_CHUNK: usize = 16 * 1024;
+/// Connection slots the network ring keeps beyond `connections-max`, so
+/// that connections over the limit still get their `503`.
+const REFUSE_SLACK: usize = 64;
+
+/// What answers requests: the composition root hands one to the server.
+pub trait Handler: 'static {
+    /// Answer one request into `out` (`close`: say `Connection: close`);
+    /// returns the status written.
+    fn handle<'a>(
+        &'a self,
+        req: &'a Request<'a>,
+        out: &'a mut Vec<u8>,
+        close: bool,
+    ) -> impl Future<Output = u16> + 'a;
+}
+
+/// The server's limits (from `[http]`).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub connections_max: usize,
+    pub header_bytes_max: usize,
+    pub body_bytes_max: usize,
+    pub idle_timeout_ms: u64,
+    /// How long shutdown waits for requests in hand.
+    pub drain: Duration,
+}
+
+/// One shard's HTTP server: admission (connections open, requests in
+/// hand) and the connection loop, answering through `H`.
+pub struct Server<H: Handler> {
+    handler: H,
+    limits: Limits,
+    gate: Rc<Gate>,
+    stats: Arc<[ShardStats]>,
+    shard: usize,
+    /// Requests being handled right now (shutdown waits for them).
+    busy: Cell<usize>,
+    connections: Cell<usize>,
+}
 
 /// A connection as `serve` sees it.
 pub trait Conn {
@@ -53,80 +95,134 @@ impl Conn for GlommioConn {
     }
 }
 
-/// The shard's side of the network ring: admission, shutdown, idle timeout.
-pub struct ShardAcceptor(pub Rc<Shard>);
+/// The server's side of the network ring: admission, shutdown, idle timeout.
+struct RingAcceptor<H: Handler>(Rc<Server<H>>);
 
-impl Acceptor for ShardAcceptor {
+impl<H: Handler> Acceptor for RingAcceptor<H> {
     fn accept(&self, conn: RingConn) {
-        if !self.0.shutting_down.get() {
-            admit(&self.0, conn);
+        if !self.0.gate.is_closing() {
+            self.0.admit(conn);
         }
     }
     fn stopping(&self) -> bool {
-        self.0.shutting_down.get()
+        self.0.gate.is_closing()
     }
     fn in_hand(&self) -> bool {
         self.0.busy.get() > 0
     }
     fn stop_wait(&self) -> impl Future<Output = ()> + '_ {
-        // The accept loop's wake-up; that loop does not run beside the ring.
-        self.0.accept_wake.wait()
+        self.0.gate.closing()
     }
     fn idle_timeout_ms(&self) -> u64 {
-        self.0.resolved.config.http.idle_timeout_ms
+        self.0.limits.idle_timeout_ms
     }
 }
 
-/// Beyond `connections-max`, answer `503` and close; otherwise count the
-/// connection and serve it on its own task.
-fn admit<C: Conn + 'static>(shard: &Rc<Shard>, conn: C) {
-    if shard.connections.get() >= shard.resolved.config.http.connections_max {
-        ShardStats::add(&shard.my_stats().connections_rejected, 1);
-        glommio::spawn_local(reject(conn)).detach();
-        return;
-    }
-    let shard = shard.clone();
-    shard.connections.set(shard.connections.get() + 1);
-    shard
-        .my_stats()
-        .connections_open
-        .fetch_add(1, Ordering::Relaxed);
-    glommio::spawn_local(async move {
-        serve(&shard, conn).await;
-        shard.connections.set(shard.connections.get() - 1);
-        shard
-            .my_stats()
-            .connections_open
-            .fetch_sub(1, Ordering::Relaxed);
-    })
-    .detach();
-}
-
-/// Accept until shutdown (glommio's sockets).
-pub async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
-    loop {
-        let accepted = future::or(async { Some(listener.accept().await) }, async {
-            shard.accept_wake.wait().await;
-            None
+impl<H: Handler> Server<H> {
+    pub fn new(
+        handler: H,
+        limits: Limits,
+        gate: Rc<Gate>,
+        stats: Arc<[ShardStats]>,
+        shard: usize,
+    ) -> Rc<Server<H>> {
+        assert!(shard < stats.len(), "shard {shard} has no stats");
+        assert!(limits.connections_max > 0);
+        Rc::new(Server {
+            handler,
+            limits,
+            gate,
+            stats,
+            shard,
+            busy: Cell::new(0),
+            connections: Cell::new(0),
         })
-        .await;
-        let stream = match accepted {
-            None => return,
-            Some(Ok(stream)) => stream,
-            Some(Err(e)) => {
-                // EMFILE and friends: back off briefly rather than spin.
-                tracing::warn!(target: "chronos::http", "accept failed: {e}");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-                continue;
+    }
+
+    fn my_stats(&self) -> &ShardStats {
+        &self.stats[self.shard]
+    }
+
+    /// Serve `listener` until the gate closes and the requests in hand are
+    /// answered (or the drain time passed): on the network ring when
+    /// `net_ring` and the ring can be set up, else on glommio's sockets.
+    pub async fn run(self: Rc<Self>, listener: OwnedFd, net_ring: bool) {
+        let ring = if net_ring {
+            let slots = self.limits.connections_max + REFUSE_SLACK;
+            let in_bytes_high = self.limits.header_bytes_max + self.limits.body_bytes_max;
+            match NetRing::new(listener.as_raw_fd(), slots, in_bytes_high) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(target: "chronos::http", "shard {}: network ring unavailable ({e}); using glommio sockets", self.shard);
+                    None
+                }
             }
+        } else {
+            None
         };
-        if shard.shutting_down.get() {
+        let drain = self.limits.drain;
+        match ring {
+            // Returns once shutdown has drained (or the drain time passed).
+            Some(ring) => ring.run(Rc::new(RingAcceptor(self.clone())), drain).await,
+            None => {
+                // SAFETY: the fd is a bound, listening TCP socket we own.
+                let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
+                self.accept_loop(listener).await;
+                let started = Instant::now();
+                while self.busy.get() > 0 && started.elapsed() < drain {
+                    glommio::timer::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+    }
+
+    /// Beyond `connections-max`, answer `503` and close; otherwise count the
+    /// connection and serve it on its own task.
+    fn admit<C: Conn + 'static>(self: &Rc<Self>, conn: C) {
+        if self.connections.get() >= self.limits.connections_max {
+            ShardStats::add(&self.my_stats().connections_rejected, 1);
+            glommio::spawn_local(reject(conn)).detach();
             return;
         }
-        let _ = stream.set_nodelay(true);
-        let idle = Duration::from_millis(shard.resolved.config.http.idle_timeout_ms);
-        let _ = stream.set_read_timeout(Some(idle));
-        admit(&shard, GlommioConn(stream));
+        self.connections.set(self.connections.get() + 1);
+        self.my_stats()
+            .connections_open
+            .fetch_add(1, Ordering::Relaxed);
+        let server = self.clone();
+        glommio::spawn_local(async move {
+            server.serve(conn).await;
+            assert!(server.connections.get() > 0);
+            server.connections.set(server.connections.get() - 1);
+            server
+                .my_stats()
+                .connections_open
+                .fetch_sub(1, Ordering::Relaxed);
+        })
+        .detach();
+    }
+
+    /// Accept until shutdown (glommio's sockets).
+    async fn accept_loop(self: &Rc<Self>, listener: TcpListener) {
+        loop {
+            let accepted = self.gate.unless_closing(listener.accept()).await;
+            let stream = match accepted {
+                None => return,
+                Some(Ok(stream)) => stream,
+                Some(Err(e)) => {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    tracing::warn!(target: "chronos::http", "accept failed: {e}");
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            if self.gate.is_closing() {
+                return;
+            }
+            let _ = stream.set_nodelay(true);
+            let idle = Duration::from_millis(self.limits.idle_timeout_ms);
+            let _ = stream.set_read_timeout(Some(idle));
+            self.admit(GlommioConn(stream));
+        }
     }
 }
 
@@ -136,89 +232,123 @@ async fn reject<C: Conn>(mut stream: C) {
     let _ = stream.write_all(&out).await;
 }
 
-/// Serve one connection until it closes, errs, idles out, or shutdown.
-async fn serve<C: Conn>(shard: &Shard, mut stream: C) {
-    let cfg = &shard.resolved.config.http;
-    // Whole requests must fit: head + body, plus one read of slack.
-    let buf_max = cfg.header_bytes_max + cfg.body_bytes_max + READ_CHUNK;
-    let mut buf = vec![0u8; READ_CHUNK];
-    let (mut start, mut end) = (0usize, 0usize);
-    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-    let mut continue_sent = false;
-    loop {
-        let mut close = false;
-        // Answer every complete request in the buffer.
-        while start < end {
-            match parse_request(&buf[start..end], cfg.header_bytes_max, cfg.body_bytes_max) {
-                Parsed::Complete(req, used) => {
-                    let close_after = !req.keep_alive || shard.shutting_down.get();
-                    shard.busy.set(shard.busy.get() + 1);
-                    let status = api::handle(shard, &req, &mut out, close_after).await;
-                    shard.busy.set(shard.busy.get() - 1);
-                    let stats = shard.my_stats();
-                    ShardStats::add(&stats.http_requests, 1);
-                    if status >= 400 {
-                        ShardStats::add(&stats.http_errors, 1);
-                    }
-                    start += used;
-                    continue_sent = false;
-                    if close_after {
-                        close = true;
-                        break;
-                    }
-                }
-                Parsed::Partial { expect_continue } => {
-                    if expect_continue && !continue_sent {
-                        out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-                        continue_sent = true;
-                    }
-                    break;
-                }
-                Parsed::Error(e) => {
-                    let stats = shard.my_stats();
-                    ShardStats::add(&stats.http_requests, 1);
-                    ShardStats::add(&stats.http_errors, 1);
-                    write_response(&mut out, e.status, &[], e.reason.as_bytes(), true);
-                    close = true;
-                    break;
-                }
-            }
+/// A connection's input buffer: bytes `start..end` are unanswered.
+struct Input {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Whole requests must fit: head + body, plus one read of slack.
+    max: usize,
+    /// `100 Continue` already sent for the request being read.
+    continue_sent: bool,
+}
+
+impl Input {
+    /// Make room for one more read: compact, then grow up to `max`.
+    /// `false` when the buffer is full (cannot happen for a well-framed
+    /// request, since the parser bounds head and body; guarded anyway).
+    fn make_room(&mut self) -> bool {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.start > 0 && self.buf.len() - self.end < READ_CHUNK {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
         }
-        if !out.is_empty() {
-            if stream.write_all(&out).await.is_err() {
+        if self.buf.len() - self.end < READ_CHUNK {
+            if self.buf.len() >= self.max {
+                return false;
+            }
+            let grown = (self.buf.len() * 2)
+                .min(self.max)
+                .max(self.end + READ_CHUNK);
+            self.buf.resize(grown, 0);
+        }
+        assert!(self.start <= self.end && self.end < self.buf.len());
+        true
+    }
+}
+
+impl<H: Handler> Server<H> {
+    /// Serve one connection until it closes, errs, idles out, or shutdown.
+    async fn serve<C: Conn>(&self, mut stream: C) {
+        let l = &self.limits;
+        let mut input = Input {
+            buf: vec![0u8; READ_CHUNK],
+            start: 0,
+            end: 0,
+            max: l.header_bytes_max + l.body_bytes_max + READ_CHUNK,
+            continue_sent: false,
+        };
+        let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+        loop {
+            let close = self.answer_buffered(&mut input, &mut out).await;
+            if !out.is_empty() {
+                if stream.write_all(&out).await.is_err() {
+                    return;
+                }
+                out.clear();
+            }
+            if close {
                 return;
             }
-            out.clear();
-        }
-        if close {
-            return;
-        }
-        // Make room for the next read.
-        if start == end {
-            start = 0;
-            end = 0;
-        } else if start > 0 && buf.len() - end < READ_CHUNK {
-            buf.copy_within(start..end, 0);
-            end -= start;
-            start = 0;
-        }
-        if buf.len() - end < READ_CHUNK {
-            if buf.len() >= buf_max {
-                // Cannot happen for a well-framed request (the parser bounds
-                // head and body); guard anyway.
+            if !input.make_room() {
                 write_response(&mut out, 413, &[], b"request too large", true);
                 let _ = stream.write_all(&out).await;
                 return;
             }
-            let grown = (buf.len() * 2).min(buf_max).max(end + READ_CHUNK);
-            buf.resize(grown, 0);
+            match stream.read(&mut input.buf[input.end..]).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => input.end += n,
+            }
+            if self.gate.is_closing() && input.start == input.end {
+                return;
+            }
         }
-        match stream.read(&mut buf[end..]).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => end += n,
+    }
+
+    /// Answer every complete (pipelined) request in `input` into `out`.
+    /// `true` when the connection must close after `out` is written.
+    async fn answer_buffered(&self, input: &mut Input, out: &mut Vec<u8>) -> bool {
+        let l = &self.limits;
+        while input.start < input.end {
+            let buf = &input.buf[input.start..input.end];
+            match parse_request(buf, l.header_bytes_max, l.body_bytes_max) {
+                Parsed::Complete(req, used) => {
+                    let close_after = !req.keep_alive || self.gate.is_closing();
+                    self.busy.set(self.busy.get() + 1);
+                    let status = self.handler.handle(&req, out, close_after).await;
+                    self.busy.set(self.busy.get() - 1);
+                    self.count(status);
+                    input.start += used;
+                    input.continue_sent = false;
+                    if close_after {
+                        return true;
+                    }
+                }
+                Parsed::Partial { expect_continue } => {
+                    if expect_continue && !input.continue_sent {
+                        out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                        input.continue_sent = true;
+                    }
+                    return false;
+                }
+                Parsed::Error(e) => {
+                    self.count(e.status);
+                    write_response(out, e.status, &[], e.reason.as_bytes(), true);
+                    return true;
+                }
+            }
         }
-        if shard.shutting_down.get() && start == end {
-            return;
+        false
+    }
+
+    fn count(&self, status: u16) {
+        let stats = self.my_stats();
+        ShardStats::add(&stats.http_requests, 1);
+        if status >= 400 {
+            ShardStats::add(&stats.http_errors, 1);
         }
     }
 }

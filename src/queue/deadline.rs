@@ -4,6 +4,8 @@
 //! digits, kept to the µs) and an optional zone: none (UTC, as seed 004's own
 //! example), `Z`, or `±HH:MM` / `±HHMM` / `±HH`. A space may stand for `T`.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 /// Days from 1970-01-01 to a civil date (proleptic Gregorian).
 fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
@@ -126,6 +128,23 @@ pub fn parse_unix_us(text: &str) -> Result<i64, String> {
     Ok(secs * 1_000_000 + micros)
 }
 
+/// A `SystemTime` of Unix µs (before the epoch too).
+pub fn system_time_of(unix_us: i64) -> SystemTime {
+    if unix_us >= 0 {
+        UNIX_EPOCH + Duration::from_micros(unix_us as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_micros(unix_us.unsigned_abs())
+    }
+}
+
+/// Unix µs of a `SystemTime` (negative before the epoch).
+pub fn unix_us_of(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_micros() as i64,
+        Err(e) => -(e.duration().as_micros() as i64),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +193,13 @@ mod tests {
         ];
         for (text, want) in table {
             assert_eq!(parse_unix_us(text).ok(), *want, "{text}");
+        }
+    }
+
+    #[test]
+    fn time_conversions() {
+        for us in [-1_500_000i64, 0, 1, 1_669_892_941_123_456] {
+            assert_eq!(unix_us_of(system_time_of(us)), us);
         }
     }
 }

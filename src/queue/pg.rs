@@ -7,8 +7,8 @@
 //! re-made with an exponential backoff (`BACKOFF_MS_MIN`..`BACKOFF_MS_MAX`);
 //! callers retry their batch, so nothing is lost while Postgres is away.
 
-use crate::config::QueueConfig;
-use crate::shard::SHUTDOWN;
+use super::QueueConfig;
+use crate::runtime::gate::Gate;
 use std::cell::{Cell, RefCell};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
@@ -81,6 +81,8 @@ pub struct Pg {
     /// Where `pg_up` (readiness, read by any shard) is kept.
     stats: std::sync::Arc<[crate::stats::ShardStats]>,
     shard: usize,
+    /// Retries stop when it closes.
+    gate: Rc<Gate>,
 }
 
 impl Pg {
@@ -88,10 +90,13 @@ impl Pg {
         q: &QueueConfig,
         stats: std::sync::Arc<[crate::stats::ShardStats]>,
         shard: usize,
+        gate: Rc<Gate>,
     ) -> Pg {
+        assert!(shard < stats.len(), "shard {shard} has no stats");
         Pg {
             stats,
             shard,
+            gate,
             config: q.postgres_url.parse().expect("validated at config load"),
             table: q.table.clone(),
             conn: RefCell::new(None),
@@ -118,7 +123,7 @@ impl Pg {
                 self.conn.borrow_mut().take();
                 self.set_up(false);
             }
-            if SHUTDOWN.load(Ordering::Relaxed) {
+            if self.gate.is_closing() {
                 return None;
             }
             let Ok(_permit) = self.connecting.acquire_permit(1).await else {
@@ -138,11 +143,17 @@ impl Pg {
                 }
                 Err(e) => {
                     self.failed(&e);
-                    glommio::timer::sleep(Duration::from_millis(backoff_ms)).await;
+                    self.pause(backoff_ms).await;
                     backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
                 }
             }
         }
+    }
+
+    /// Sleep `ms`, or less if shutdown begins.
+    async fn pause(&self, ms: u64) {
+        let sleep = glommio::timer::sleep(Duration::from_millis(ms));
+        futures_lite::future::or(sleep, self.gate.closing()).await;
     }
 
     /// Report a failed statement: the connection is dropped and re-made.
@@ -189,61 +200,13 @@ impl Pg {
             flag.set(true);
         })
         .detach();
-        let t = &self.table;
         // Idempotent; two shards racing on the catalog retry via backoff.
+        let t = &self.table;
         client
             .batch_execute(&schema(t))
             .await
             .map_err(|e| format!("create table {t}: {}", describe(&e)))?;
-        let prep = |sql: String| {
-            let client = &client;
-            async move {
-                client
-                    .prepare(&sql)
-                    .await
-                    .map_err(|e| format!("prepare: {}", describe(&e)))
-            }
-        };
-        let insert = prep(format!(
-            "INSERT INTO {t} (id, deadline, message_headers, message_key, message_value)
-             SELECT i, d, h::jsonb, k, v
-             FROM UNNEST($1::text[], $2::timestamp[], $3::text[], $4::bytea[], $5::bytea[]) AS m(i, d, h, k, v)
-             ON CONFLICT (id) DO NOTHING"
-        ))
-        .await?;
-        let exists = prep(format!("SELECT id FROM {t} WHERE id = ANY($1::text[])")).await?;
-        let ready = prep(format!(
-            "UPDATE {t} SET readied_at = $1, readied_by = $2::text::uuid
-             WHERE id IN (SELECT id FROM {t} WHERE deadline <= $3 AND readied_at IS NULL
-                          ORDER BY deadline LIMIT $4 FOR UPDATE SKIP LOCKED)
-             RETURNING id, deadline, message_key, message_value, message_headers::text"
-        ))
-        .await?;
-        let delete = prep(format!(
-            "DELETE FROM {t} WHERE id = ANY($1::text[]) RETURNING id"
-        ))
-        .await?;
-        let stuck = prep(format!(
-            "SELECT id, readied_by::text, readied_at FROM {t} WHERE readied_at < $1 LIMIT $2"
-        ))
-        .await?;
-        let reset = prep(format!(
-            "UPDATE {t} AS t SET readied_at = NULL, readied_by = NULL
-             FROM UNNEST($1::text[], $2::text[], $3::timestamp[]) AS s(i, b, a)
-             WHERE t.id = s.i AND t.readied_by = s.b::uuid AND t.readied_at = s.a
-             RETURNING t.id, s.b"
-        ))
-        .await?;
-        Ok(Rc::new(Conn {
-            client,
-            insert,
-            exists,
-            ready,
-            delete,
-            stuck,
-            reset,
-            broken,
-        }))
+        prepare(client, t, broken).await.map(Rc::new)
     }
 
     async fn address(&self) -> Result<SocketAddr, String> {
@@ -295,9 +258,62 @@ pub async fn retry_query(
             Ok(rows) => return Some(rows),
             Err(e) => {
                 pg.reset(&e);
-                glommio::timer::sleep(Duration::from_millis(backoff_ms)).await;
+                pg.pause(backoff_ms).await;
                 backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
             }
         }
     }
+}
+
+/// Prepare the queue's statements on a fresh connection.
+async fn prepare(client: Client, t: &str, broken: Rc<Cell<bool>>) -> Result<Conn, String> {
+    let prep = |sql: String| {
+        let client = &client;
+        async move {
+            client
+                .prepare(&sql)
+                .await
+                .map_err(|e| format!("prepare: {}", describe(&e)))
+        }
+    };
+    let insert = prep(format!(
+        "INSERT INTO {t} (id, deadline, message_headers, message_key, message_value)
+         SELECT i, d, h::jsonb, k, v
+         FROM UNNEST($1::text[], $2::timestamp[], $3::text[], $4::bytea[], $5::bytea[]) AS m(i, d, h, k, v)
+         ON CONFLICT (id) DO NOTHING"
+    ))
+    .await?;
+    let exists = prep(format!("SELECT id FROM {t} WHERE id = ANY($1::text[])")).await?;
+    let ready = prep(format!(
+        "UPDATE {t} SET readied_at = $1, readied_by = $2::text::uuid
+         WHERE id IN (SELECT id FROM {t} WHERE deadline <= $3 AND readied_at IS NULL
+                      ORDER BY deadline LIMIT $4 FOR UPDATE SKIP LOCKED)
+         RETURNING id, deadline, message_key, message_value, message_headers::text"
+    ))
+    .await?;
+    let delete = prep(format!(
+        "DELETE FROM {t} WHERE id = ANY($1::text[]) RETURNING id"
+    ))
+    .await?;
+    let stuck = prep(format!(
+        "SELECT id, readied_by::text, readied_at FROM {t} WHERE readied_at < $1 LIMIT $2"
+    ))
+    .await?;
+    let reset = prep(format!(
+        "UPDATE {t} AS t SET readied_at = NULL, readied_by = NULL
+         FROM UNNEST($1::text[], $2::text[], $3::timestamp[]) AS s(i, b, a)
+         WHERE t.id = s.i AND t.readied_by = s.b::uuid AND t.readied_at = s.a
+         RETURNING t.id, s.b"
+    ))
+    .await?;
+    Ok(Conn {
+        client,
+        insert,
+        exists,
+        ready,
+        delete,
+        stuck,
+        reset,
+        broken,
+    })
 }

@@ -1,46 +1,43 @@
-//! The thread-per-core engine: one glommio executor per shard, each pinned to
-//! its own core, each with its own `SO_REUSEPORT` listener on the shared port,
-//! joined by a full mesh of bounded channels. The listeners are bound here,
-//! in shard order, before any executor starts; with `[http] accept-steering
-//! = "cpu"` a connection goes to the shard pinned to the CPU that took its
-//! SYN.
+//! The thread-per-core engine, generic: one glommio executor per shard,
+//! each pinned to its own core, each with its own `SO_REUSEPORT` listener on
+//! the shared port, joined by a full mesh of bounded channels carrying the
+//! caller's message type. The listeners are bound here, in shard order,
+//! before any executor starts; with CPU steering a connection goes to the
+//! shard pinned to the CPU that took its SYN.
 //!
-//! Shutdown: SIGTERM/SIGINT set [`SHUTDOWN`]; each shard's watcher sees it,
-//! stops accepting, lets the requests in hand finish (up to
-//! [`DRAIN_TIMEOUT`]), and returns, so the process exits 0.
+//! What a shard runs is the caller's: [`run`] hands each executor a
+//! [`ShardCtx`] (its index, listener, mesh ends and shutdown [`Gate`]) and
+//! awaits the caller's shard body on it. This module names nothing else in
+//! the crate.
+//!
+//! Shutdown: SIGTERM/SIGINT close every shard's gate (over a channel, so no
+//! task polls a flag); the shard body sees the gate close, drains (waiting
+//! for the gate's passes, at most [`DRAIN_TIMEOUT`], with
+//! [`Gate::close_and_wait`]) and returns; when every body has returned the
+//! process exits 0. Other signals go to the caller's hook, on the signal
+//! thread.
 
 pub mod clock;
+pub mod gate;
 pub mod mesh;
 pub mod notify;
 
-use crate::cluster::Cluster;
-use crate::config::{AcceptSteering, Resolved};
-use crate::http::ring::NetRing;
-use crate::http::server::{accept_loop, ShardAcceptor};
-use crate::shard::{pop_loop, Shard, SHUTDOWN};
-use crate::stats::ShardStats;
-use glommio::channels::channel_mesh::MeshBuilder;
-use glommio::net::TcpListener;
+use gate::Gate;
+use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers};
 use glommio::{LocalExecutorBuilder, Placement};
-use mesh::{Mesh, MeshMsg};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use mesh::Mesh;
+use std::future::Future;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Registered I/O memory per executor (glommio `io_memory`). The engine
 /// does no DMA file I/O, so this stays small; see tuning.md.
 pub const IO_MEMORY_BYTES: usize = 2 << 20;
 /// How long shutdown waits for requests in hand.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often each shard checks the shutdown flag.
-const SHUTDOWN_POLL: Duration = Duration::from_millis(20);
-
-/// Connection slots the network ring keeps beyond `connections-max`, so
-/// that connections over the limit still get their `503`.
-const REFUSE_SLACK: usize = 64;
-
 /// Slack left in `RLIMIT_MEMLOCK` for anything else that locks memory.
 const MEMLOCK_SLACK_BYTES: usize = 1 << 20;
 
@@ -78,13 +75,6 @@ fn io_memory_per_shard(shards: usize) -> usize {
     );
     share
 }
-
-/// Reloaded clusters waiting per shard (SIGHUP); beyond it a reload is
-/// dropped for that shard and logged.
-const RELOADS_QUEUED_MAX: usize = 4;
-
-/// Re-reads and validates the configuration (SIGHUP).
-pub type Reload = Box<dyn Fn() -> Result<Resolved, String> + Send>;
 
 /// Pending connections the kernel queues per shard listener.
 const LISTEN_BACKLOG: i32 = 1024;
@@ -194,156 +184,184 @@ fn attach_cpu_steering(listener: &OwnedFd, pinned: &[usize]) -> std::io::Result<
     }
 }
 
-/// Start the SIGTERM/SIGINT watcher thread.
-///
-/// SIGHUP (`service chronos reload`) re-reads the configuration through
-/// `reload`; a valid one's cluster (`node`, `joining`, `leaving`) is handed
-/// to every shard over its bounded reload channel ([`Shard::set_cluster`]).
-/// Other settings need a restart.
-///
-/// [`Shard::set_cluster`]: crate::shard::Shard::set_cluster SIGUSR1 (`service chronos resync`) is caught so that it never
-/// terminates the node (its default action): active resynchronisation
-/// (seed 003) is not built yet, which the log says.
+/// What the engine needs to start.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub shards: usize,
+    /// `host:port` every shard listens on.
+    pub listen: String,
+    /// Steer connections to the shard pinned to the CPU that took the SYN.
+    pub steer_by_cpu: bool,
+    /// Messages per shard-to-shard channel.
+    pub mesh_capacity: usize,
+}
+
+/// What one shard's body gets from the engine.
+pub struct ShardCtx<M: Send> {
+    pub index: usize,
+    pub shards: usize,
+    /// Its listener, bound and listening (socket `index` of the group).
+    pub listener: OwnedFd,
+    /// Its sending end of the mesh.
+    pub mesh: Mesh<M>,
+    /// Its receiving ends (`None` with a single shard); serve them with
+    /// [`mesh::serve`].
+    pub inbox: Option<Receivers<M>>,
+    /// Closed at shutdown; the engine waits for its passes.
+    pub gate: Rc<Gate>,
+}
+
+/// Signals other than SIGTERM/SIGINT, handled on the signal thread.
+pub type SignalHook = Box<dyn FnMut(i32) + Send>;
+
+/// The signals a node reacts to besides SIGTERM/SIGINT.
+pub use signal_hook::consts::{SIGHUP, SIGUSR1};
+
+/// Start the signal thread: SIGTERM/SIGINT close every shard's gate (a
+/// second one exits at once); SIGHUP and SIGUSR1 go to `hook`.
 fn install_signals(
-    reload: Reload,
-    mut current: Cluster,
-    shards: Vec<async_channel::Sender<Arc<Cluster>>>,
+    mut hook: SignalHook,
+    stops: Vec<async_channel::Sender<()>>,
 ) -> Result<(), String> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+    use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     std::thread::Builder::new()
         .name("chronos-signals".into())
         .spawn(move || {
+            let mut stopping = false;
             for signal in signals.forever() {
-                if signal == SIGHUP {
-                    match reload() {
-                        Err(e) => tracing::error!(
-                            target: "chronos::runtime",
-                            "SIGHUP: the configuration is invalid, keeping the current one: {e}"
-                        ),
-                        Ok(next) if next.cluster.local_address != current.local_address => {
-                            tracing::error!(
-                                target: "chronos::runtime",
-                                "SIGHUP: this node's address would change ({} to {}), which needs a restart; keeping the current cluster",
-                                current.local_address,
-                                next.cluster.local_address
-                            )
-                        }
-                        Ok(next) => {
-                            let next = next.cluster;
-                            tracing::info!(
-                                target: "chronos::runtime",
-                                nodes = ?next.nodes.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
-                                leaving = ?next.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
-                                cluster_view_id = %next.view_id,
-                                "SIGHUP: cluster reloaded (settings outside [cluster] take a restart)"
-                            );
-                            let shared = Arc::new(next.clone());
-                            for (i, tx) in shards.iter().enumerate() {
-                                if tx.try_send(shared.clone()).is_err() {
-                                    tracing::error!(target: "chronos::runtime", "SIGHUP: shard {i} has {RELOADS_QUEUED_MAX} reloads pending; this one is dropped there");
-                                }
-                            }
-                            current = next;
-                        }
-                    }
+                if signal == SIGHUP || signal == SIGUSR1 {
+                    hook(signal);
                     continue;
                 }
-                if signal == SIGUSR1 {
-                    tracing::warn!(
-                        target: "chronos::runtime",
-                        "SIGUSR1: active resynchronisation is not supported by this build; ignored"
-                    );
-                    continue;
-                }
-                if SHUTDOWN.swap(true, Ordering::SeqCst) {
+                if stopping {
                     tracing::warn!(target: "chronos::runtime", "second signal {signal}: exiting now");
                     std::process::exit(1);
                 }
+                stopping = true;
                 tracing::info!(target: "chronos::runtime", "signal {signal}: shutting down");
+                for stop in &stops {
+                    // Capacity 1 and sent once: never full.
+                    let _ = stop.try_send(());
+                }
             }
         })
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
     Ok(())
 }
 
-/// Run the engine until shutdown.
-pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
-    clock::base();
-    let resolved = Arc::new(resolved);
-    let shards = resolved.shards;
-    let io_memory = io_memory_per_shard(shards);
-    let (reload_tx, reload_rx): (Vec<_>, Vec<_>) = (0..shards)
-        .map(|_| async_channel::bounded::<Arc<Cluster>>(RELOADS_QUEUED_MAX))
-        .unzip();
-    let mut reload_rx = reload_rx.into_iter();
-    install_signals(reload, resolved.cluster.clone(), reload_tx)?;
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
-    // Every shard's listener is bound here, in shard order, before any
-    // executor starts: a busy port fails the start cleanly, and the
-    // reuseport group's socket order (which the steering program indexes)
-    // is the shard order.
-    let http = &resolved.config.http;
-    let addr = format!("{}:{}", http.bind_address, http.bind_port);
+/// Bind every shard's listener, in shard order, before any executor starts:
+/// a busy port fails the start cleanly, and the reuseport group's socket
+/// order (which the steering program indexes) is the shard order.
+fn bind_listeners(engine: &EngineConfig, pinned: &[usize]) -> Result<Vec<OwnedFd>, String> {
+    let addr = &engine.listen;
     let cannot = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
-    let sa = listen_addr(&addr).map_err(cannot)?;
+    let sa = listen_addr(addr).map_err(cannot)?;
     probe_exclusive(sa).map_err(cannot)?;
-    let mut listeners = Vec::with_capacity(shards);
-    for _ in 0..shards {
+    let mut listeners = Vec::with_capacity(engine.shards);
+    for _ in 0..engine.shards {
         listeners.push(bind_reuseport(sa).map_err(cannot)?);
     }
-    if http.accept_steering == AcceptSteering::Cpu {
-        let pinned: Vec<usize> = cores.iter().take(shards).map(|c| c.id).collect();
-        if pinned.len() < shards {
+    if engine.steer_by_cpu {
+        if pinned.len() < engine.shards {
             tracing::warn!(
                 target: "chronos::runtime",
-                "accept-steering = \"cpu\" needs every shard pinned ({shards} shards, {} cores): using the hash",
+                "accept-steering = \"cpu\" needs every shard pinned ({} shards, {} cores): using the hash",
+                engine.shards,
                 pinned.len()
             );
-        } else if let Err(e) = attach_cpu_steering(&listeners[0], &pinned) {
+        } else if let Err(e) = attach_cpu_steering(&listeners[0], &pinned[..engine.shards]) {
             tracing::warn!(target: "chronos::runtime", "accept-steering = \"cpu\" unavailable ({e}): using the hash");
         }
     }
-    let mut listeners = listeners.into_iter();
-    let stats: Arc<[ShardStats]> = (0..shards).map(|_| ShardStats::default()).collect();
-    let capacity = resolved
-        .config
-        .runtime
-        .mesh_channel_capacity
-        .unwrap_or(mesh::CHANNEL_CAPACITY);
-    let mesh: Option<MeshBuilder<MeshMsg, _>> =
-        (shards > 1).then(|| MeshBuilder::full(shards, capacity));
-    let bound = Arc::new(AtomicUsize::new(0));
-    let queue = match &resolved.config.queue {
-        Some(q) => Some(crate::queue::QueueShared::start(q, shards)?),
-        None => None,
-    };
+    assert_eq!(listeners.len(), engine.shards);
+    Ok(listeners)
+}
+
+/// Run the engine until shutdown: `shard_main` is each shard's body.
+pub fn run<M, F, Fut>(engine: &EngineConfig, hook: SignalHook, shard_main: F) -> Result<(), String>
+where
+    M: Send + Sync + 'static,
+    F: Fn(ShardCtx<M>) -> Fut + Send + Clone + 'static,
+    Fut: Future<Output = Result<(), String>> + 'static,
+{
+    assert!(engine.shards > 0, "at least one shard");
+    clock::base();
+    let shards = engine.shards;
+    let io_memory = io_memory_per_shard(shards);
+    let (stop_tx, stop_rx): (Vec<_>, Vec<_>) =
+        (0..shards).map(|_| async_channel::bounded::<()>(1)).unzip();
+    install_signals(hook, stop_tx)?;
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let pinned: Vec<usize> = cores.iter().take(shards).map(|c| c.id).collect();
+    let listeners = bind_listeners(engine, &pinned)?;
+    let mesh: Option<MeshBuilder<M, Full>> =
+        (shards > 1).then(|| MeshBuilder::full(shards, engine.mesh_capacity));
+    let started = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::with_capacity(shards);
-    for index in 0..shards {
+    for (index, (listener, stop)) in listeners.into_iter().zip(stop_rx).enumerate() {
         let placement = match cores.get(index) {
             Some(core) => Placement::Fixed(core.id),
             None => Placement::Unbound,
         };
-        let (resolved, stats, mesh, bound, queue) = (
-            resolved.clone(),
-            stats.clone(),
+        let (mesh, main, started, listen) = (
             mesh.clone(),
-            bound.clone(),
-            queue.clone(),
+            shard_main.clone(),
+            started.clone(),
+            engine.listen.clone(),
         );
-        let listener = listeners.next().expect("one listener per shard");
-        let reloads = reload_rx.next().expect("one reload channel per shard");
         let handle = LocalExecutorBuilder::new(placement)
             .name(&format!("chronos-{index}"))
             .io_memory(io_memory)
             .spawn(move || async move {
-                let inputs = Inputs { listener, reloads };
-                run_shard(index, resolved, stats, mesh, bound, queue, inputs).await
+                let ctx = join_mesh(index, shards, listener, mesh).await?;
+                let gate = ctx.gate.clone();
+                glommio::spawn_local(async move {
+                    let _ = stop.recv().await;
+                    gate.close();
+                })
+                .detach();
+                if started.fetch_add(1, Ordering::SeqCst) + 1 == shards {
+                    tracing::info!(target: "chronos::runtime", address = %listen, shards, "listening");
+                }
+                main(ctx).await
             })
             .map_err(|e| format!("cannot start executor {index}: {e}"))?;
         handles.push(handle);
     }
+    join_all(handles)
+}
+
+/// Join the mesh (when there is one) and build the shard's context.
+async fn join_mesh<M: Send + 'static>(
+    index: usize,
+    shards: usize,
+    listener: OwnedFd,
+    mesh: Option<MeshBuilder<M, Full>>,
+) -> Result<ShardCtx<M>, String> {
+    let (senders, inbox) = match mesh {
+        Some(m) => {
+            let (s, r) = m
+                .join()
+                .await
+                .map_err(|_| format!("shard {index}: cannot join the mesh"))?;
+            assert_eq!(s.peer_id(), index, "mesh joined in shard order");
+            (Some(s), Some(r))
+        }
+        None => (None, None),
+    };
+    Ok(ShardCtx {
+        index,
+        shards,
+        listener,
+        mesh: Mesh::new(senders),
+        inbox,
+        gate: Gate::new(),
+    })
+}
+
+fn join_all(handles: Vec<glommio::ExecutorJoinHandle<Result<(), String>>>) -> Result<(), String> {
     let mut first_error = None;
     for handle in handles {
         match handle.join() {
@@ -363,110 +381,4 @@ pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
             Ok(())
         }
     }
-}
-
-/// What `run` prepared for one shard before its executor started.
-struct Inputs {
-    /// Its listener, bound (socket `index` of the reuseport group).
-    listener: OwnedFd,
-    /// Reloaded clusters (SIGHUP), from the signal thread.
-    reloads: async_channel::Receiver<Arc<Cluster>>,
-}
-
-async fn run_shard(
-    index: usize,
-    resolved: Arc<Resolved>,
-    stats: Arc<[ShardStats]>,
-    mesh: Option<MeshBuilder<MeshMsg, glommio::channels::channel_mesh::Full>>,
-    bound: Arc<AtomicUsize>,
-    queue: Option<Arc<crate::queue::QueueShared>>,
-    inputs: Inputs,
-) -> Result<(), String> {
-    let Inputs { listener, reloads } = inputs;
-    let (senders, receivers) = match mesh {
-        Some(m) => {
-            let (s, r) = m
-                .join()
-                .await
-                .map_err(|_| format!("shard {index}: cannot join the mesh"))?;
-            (Some(s), Some(r))
-        }
-        None => (None, None),
-    };
-    let shard = Shard::new(index, resolved.clone(), stats.clone(), Mesh::new(senders));
-    let http = &resolved.config.http;
-    let addr = format!("{}:{}", http.bind_address, http.bind_port);
-    if let Some(r) = receivers {
-        mesh::serve(&shard, r);
-    }
-    glommio::spawn_local(pop_loop(shard.clone())).detach();
-    {
-        let shard = shard.clone();
-        glommio::spawn_local(async move {
-            while let Ok(cluster) = reloads.recv().await {
-                shard.set_cluster(&cluster);
-            }
-        })
-        .detach();
-    }
-    if let Some(q) = queue {
-        crate::queue::QueueShard::start(q.clone(), index, stats);
-        *shard.queue_shared.borrow_mut() = Some(q);
-    }
-    {
-        let shard = shard.clone();
-        glommio::spawn_local(async move {
-            while !SHUTDOWN.load(Ordering::Relaxed) {
-                glommio::timer::sleep(SHUTDOWN_POLL).await;
-            }
-            shard.shutting_down.set(true);
-            shard.accept_wake.notify();
-            shard.pop_wake.notify();
-        })
-        .detach();
-    }
-    shard.my_stats().up.store(true, Ordering::Relaxed);
-    if bound.fetch_add(1, Ordering::SeqCst) + 1 == resolved.shards {
-        tracing::info!(
-            target: "chronos::runtime",
-            address = %addr,
-            shards = resolved.shards,
-            "listening"
-        );
-    }
-    let ring = if http.net_ring {
-        // Room for the 503 answers beyond `connections-max`.
-        let slots = http.connections_max + REFUSE_SLACK;
-        let in_bytes_high = http.header_bytes_max + http.body_bytes_max;
-        match NetRing::new(listener.as_raw_fd(), slots, in_bytes_high) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::warn!(
-                    target: "chronos::runtime",
-                    "shard {index}: network ring unavailable ({e}); using glommio sockets"
-                );
-                None
-            }
-        }
-    } else {
-        None
-    };
-    match ring {
-        Some(ring) => {
-            // Returns once shutdown has drained (or DRAIN_TIMEOUT passed).
-            ring.run(Rc::new(ShardAcceptor(shard.clone())), DRAIN_TIMEOUT)
-                .await;
-        }
-        None => {
-            // SAFETY: the fd is a bound, listening TCP socket we own.
-            let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
-            accept_loop(shard.clone(), listener).await;
-            let started = Instant::now();
-            while shard.busy.get() > 0 && started.elapsed() < DRAIN_TIMEOUT {
-                glommio::timer::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
-    shard.mesh.close();
-    Ok(())
 }

@@ -1,67 +1,72 @@
 //! The pop loop: sleep until the wheel's next deadline (or until an earlier
 //! timer arrives), take what is due, and hand each pop to its own callback
-//! task. The loop itself never waits on the network.
+//! task. The loop itself never waits on the network. It holds the shard's
+//! gate and ends as soon as shutdown begins.
 
-use super::{Shard, SHUTDOWN};
+use super::Shard;
 use crate::runtime::clock;
+use crate::runtime::notify::Notify;
 use crate::stats::ShardStats;
 use crate::timer::Timer;
 use futures_lite::future;
+use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Pops taken from the wheel per turn before yielding to other tasks.
 pub const POPS_PER_TURN_MAX: usize = 1024;
-/// Longest sleep with nothing due, so shutdown is noticed promptly.
+/// Longest sleep with nothing due (the wheel's deadline may move).
 const IDLE_SLEEP_MS: u64 = 100;
+
+/// What the pop loop and the code that feeds it share.
+pub struct PopState {
+    /// Wakes the pop loop when a timer due before its current sleep arrives.
+    wake: Notify,
+    /// Set while the pop loop waits for a free callback slot.
+    blocked: Cell<bool>,
+    /// The deadline the pop loop sleeps until (`u64::MAX`: idle).
+    armed_ms: Cell<u64>,
+}
+
+impl Default for PopState {
+    fn default() -> Self {
+        PopState {
+            wake: Notify::default(),
+            blocked: Cell::new(false),
+            armed_ms: Cell::new(u64::MAX),
+        }
+    }
+}
+
+impl PopState {
+    /// Wake the loop if `due_ms` is before the deadline it sleeps until.
+    pub fn wake_if_before(&self, due_ms: u64) {
+        if due_ms < self.armed_ms.get() {
+            self.wake.notify();
+        }
+    }
+}
 
 pub async fn pop_loop(shard: Rc<Shard>) {
     let mut due: Vec<(u64, Timer)> = Vec::with_capacity(POPS_PER_TURN_MAX);
-    let skew = shard.resolved.config.timers.replica_skew_ms;
     let in_flight_max = shard.resolved.config.timers.callback_in_flight_max;
-    loop {
-        if shard.shutting_down.get() || SHUTDOWN.load(Ordering::Relaxed) {
-            return;
-        }
+    let pop = &shard.pop;
+    while !shard.gate.is_closing() {
         // Backpressure: with every callback slot taken, due timers stay in
         // the wheel (late, not lost) until a callback finishes.
         let room = in_flight_max.saturating_sub(shard.client.in_flight());
         if room == 0 {
-            shard.pop_blocked.set(true);
-            future::or(
-                shard.pop_wake.wait(),
-                glommio::timer::sleep(std::time::Duration::from_millis(IDLE_SLEEP_MS)),
-            )
-            .await;
+            pop.blocked.set(true);
+            let idle = glommio::timer::sleep(Duration::from_millis(IDLE_SLEEP_MS));
+            future::or(future::or(pop.wake.wait(), idle), shard.gate.closing()).await;
             continue;
         }
         let limit = POPS_PER_TURN_MAX.min(room);
         let now = clock::now_ms();
         let fired = shard.store.borrow_mut().poll(now, limit, &mut due);
+        assert!(fired <= limit && due.len() == fired);
         if fired > 0 {
-            let stats = shard.my_stats();
-            for (_, mut timer) in due.drain(..) {
-                if timer.is_tombstone() {
-                    // Lived out its interval.
-                    ShardStats::add(&stats.tombstones_expired, 1);
-                    continue;
-                }
-                ShardStats::add(&stats.timers_popped, 1);
-                dispatch(&shard, &timer);
-                timer.sequence += 1;
-                if timer.has_next_pop() {
-                    let next = timer.next_pop_ms(skew);
-                    shard.store.borrow_mut().insert(next, timer);
-                } else if shard.has_peers() {
-                    // The final pop: keep a tombstone one more interval, so
-                    // a stale message cannot bring the timer back.
-                    let tomb = timer.to_tombstone();
-                    let until = now + shard.tombstone_life_ms(&tomb);
-                    shard.store.borrow_mut().insert(until, tomb);
-                }
-            }
-            shard.refresh_gauges(&shard.store.borrow());
+            take_due(&shard, now, &mut due);
         }
         if fired == limit {
             glommio::yield_if_needed().await;
@@ -71,13 +76,42 @@ pub async fn pop_loop(shard: Rc<Shard>) {
         let wake_ms = next
             .unwrap_or(u64::MAX)
             .min(clock::now_ms() + IDLE_SLEEP_MS);
-        shard.pop_armed_ms.set(wake_ms);
+        pop.armed_ms.set(wake_ms);
         let sleep_for = clock::instant_of(wake_ms).saturating_duration_since(Instant::now());
         if !sleep_for.is_zero() {
-            future::or(glommio::timer::sleep(sleep_for), shard.pop_wake.wait()).await;
+            let sleep = future::or(glommio::timer::sleep(sleep_for), pop.wake.wait());
+            future::or(sleep, shard.gate.closing()).await;
         }
-        shard.pop_armed_ms.set(u64::MAX);
+        pop.armed_ms.set(u64::MAX);
     }
+}
+
+/// Dispatch every due timer and put repeating ones back at their next pop
+/// (the final pop leaves a tombstone one more life, when there are peers).
+fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
+    let stats = shard.my_stats();
+    let skew = shard.resolved.config.timers.replica_skew_ms;
+    for (_, mut timer) in due.drain(..) {
+        if timer.is_tombstone() {
+            // Lived out its interval.
+            ShardStats::add(&stats.tombstones_expired, 1);
+            continue;
+        }
+        ShardStats::add(&stats.timers_popped, 1);
+        dispatch(shard, &timer);
+        timer.sequence += 1;
+        if timer.has_next_pop() {
+            let next = timer.next_pop_ms(skew);
+            shard.store.borrow_mut().insert(next, timer);
+        } else if shard.has_peers() {
+            // The final pop: keep a tombstone one more interval, so a stale
+            // message cannot bring the timer back.
+            let tomb = timer.to_tombstone();
+            let until = now + shard.tombstone_life_ms(&tomb);
+            shard.store.borrow_mut().insert(until, tomb);
+        }
+    }
+    shard.refresh_gauges(&shard.store.borrow());
 }
 
 /// Start the callback of one pop, bounded by the in-flight limit (the pop
@@ -105,8 +139,8 @@ fn dispatch(shard: &Rc<Shard>, timer: &Timer) {
             .await;
         let stats = shard.my_stats();
         stats.record_callback_latency(started.elapsed().as_micros() as u64);
-        if shard.pop_blocked.replace(false) {
-            shard.pop_wake.notify();
+        if shard.pop.blocked.replace(false) {
+            shard.pop.wake.notify();
         }
         match result {
             Ok(()) => {

@@ -8,10 +8,11 @@
 //! under the current view are passed over, so in a stable cluster the
 //! answer is empty.
 
+use super::mesh::{MeshMsg, Reply};
 use super::Shard;
 use crate::cluster::NODES_MAX;
+use crate::http::uri::percent_decode;
 use crate::runtime::clock;
-use crate::runtime::mesh::{MeshMsg, Reply};
 use crate::timer::{shard_of, TimerId};
 
 /// Timers per GET when the request has no `Range`.
@@ -29,30 +30,6 @@ pub struct Query {
     /// Engine-clock ms: only timers due at or after this.
     pub from_ms: u64,
     pub limit: usize,
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 impl Shard {
@@ -114,6 +91,7 @@ impl Shard {
                     .min(RANGE_MAX)
             }
         };
+        assert!((1..=RANGE_MAX).contains(&limit) && index < cluster.nodes.len());
         Ok(Query {
             node: index,
             from_ms,
@@ -197,6 +175,7 @@ impl Shard {
         all.sort_by_key(|(due, _)| *due);
         let more = all.len() > q.limit;
         all.truncate(q.limit);
+        assert!(all.len() <= q.limit && all.windows(2).all(|w| w[0].0 <= w[1].0));
         let mut body = String::from("{\"timers\":[");
         for (i, (_, entry)) in all.iter().enumerate() {
             if i > 0 {
@@ -273,21 +252,12 @@ impl Shard {
         if me.is_some_and(|m| replicas[..n].contains(&m)) {
             return false;
         }
-        store.remove(unique);
+        let dropped = store.remove(unique);
+        assert!(
+            dropped.is_some_and(|t| t.view != self.view()),
+            "only an old-view copy is dropped"
+        );
         self.refresh_gauges(&store);
         true
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::percent_decode;
-
-    #[test]
-    fn query_values_decode() {
-        assert_eq!(percent_decode("10.0.0.1%3A7253").unwrap(), "10.0.0.1:7253");
-        assert_eq!(percent_decode("a+b").unwrap(), "a b");
-        assert!(percent_decode("%zz").is_none());
-        assert!(percent_decode("%4").is_none());
     }
 }

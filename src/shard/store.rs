@@ -67,18 +67,31 @@ impl Store {
         Some((self.wheel.due_ms(key)?, self.wheel.get(key)?))
     }
 
+    /// Store a timer; its ID must not be stored already (one incarnation
+    /// per ID: replace with `remove` first).
     pub fn insert(&mut self, due_ms: u64, timer: Timer) {
         let unique = timer.unique;
+        debug_assert!(self.find_key(unique).is_none(), "one incarnation per ID");
+        let len_before = self.wheel.len();
         self.count_tags(&timer, 1);
         self.tombstones += timer.is_tombstone() as usize;
         let key = self.wheel.insert(due_ms, timer);
         self.index.insert(&self.wheel, unique, key.index());
+        assert_eq!(self.wheel.len(), len_before + 1);
+        assert!(
+            self.tombstones <= self.wheel.len(),
+            "tombstones are stored timers"
+        );
     }
 
     pub fn remove(&mut self, unique: u64) -> Option<Timer> {
         let key = self.find_key(unique)?;
         self.index.remove(unique, key.index());
         let timer = self.wheel.cancel(key)?;
+        assert_eq!(
+            timer.unique, unique,
+            "the index points at the timer's own entry"
+        );
         self.count_tags(&timer, -1);
         self.tombstones -= timer.is_tombstone() as usize;
         Some(timer)
@@ -111,13 +124,19 @@ impl Store {
             index.remove(timer.unique, key.index());
             out.push((due, timer));
         });
+        assert!(fired <= limit && fired <= out.len());
         let start = out.len() - fired;
-        for (_, timer) in &out[start..] {
+        for (due, timer) in &out[start..] {
+            assert!(*due <= now_ms, "never early");
             if timer.is_tombstone() {
                 self.tombstones -= 1;
             } else if timer.has_tags() {
                 for (index, count) in timer.tags() {
                     self.tag_values[index as usize] -= count as i64;
+                    debug_assert!(
+                        self.tag_values[index as usize] >= 0,
+                        "tag counts never negative"
+                    );
                 }
             }
         }

@@ -11,7 +11,7 @@
 //! so shards never collide, a `POST` never hops, and one node can issue 8,192
 //! IDs per ms (8 M/s) before it borrows the next millisecond.
 
-use crate::cluster::murmur::murmur3_x86_32;
+use crate::murmur::murmur3_x86_32;
 
 /// 2024-01-01T00:00:00Z in Unix milliseconds.
 pub const ID_EPOCH_UNIX_MS: u64 = 1_704_067_200_000;

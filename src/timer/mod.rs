@@ -6,6 +6,10 @@ pub mod spec;
 pub use id::{instance_id_for, shard_of, IdGenerator, TimerId, INSTANCE_ID_MAX};
 pub use spec::TimerSpec;
 
+/// The largest cluster a timer ID can name: a replica set is a 64-bit
+/// bloom filter, and replica lists and peer masks are 64 wide.
+pub const NODES_MAX: usize = 64;
+
 use std::rc::Rc;
 
 /// What identifies and schedules one timer incarnation (everything but its

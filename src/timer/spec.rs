@@ -13,7 +13,7 @@ pub const URI_BYTES_MAX: usize = 8 * 1024;
 /// Tags per timer.
 pub const TAGS_MAX: usize = 32;
 /// Replicas named in a replication body.
-pub const REPLICAS_MAX: usize = crate::cluster::NODES_MAX;
+pub const REPLICAS_MAX: usize = super::NODES_MAX;
 
 /// A validated timer definition, public or internal (replication) form.
 #[derive(Debug, PartialEq)]
@@ -209,8 +209,12 @@ fn seconds_to_ms(field: &str, value: &serde_json::Value) -> Result<u32, String> 
     Ok(ms as u32)
 }
 
-/// Parse and validate a timer body.
-pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
+/// Checks a callback URI (the HTTP layer's parser, handed in by the
+/// caller: this module knows no transport). `Err` says what is wrong.
+pub type CheckUri = fn(&str) -> Result<(), String>;
+
+/// Parse and validate a timer body; `check_uri` validates the callback URI.
+pub fn parse(body: &[u8], check_uri: CheckUri) -> Result<TimerSpec<'_>, String> {
     // serde would also accept a struct written as an array; the API wants an object.
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {}
@@ -220,6 +224,31 @@ pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
     let raw: RawTimer =
         serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
     let timing = raw.timing.ok_or("missing timing object")?;
+    let (interval_ms, repeat_for_ms) = parse_timing(&timing)?;
+    let replication = parse_replication(&timing, raw.reliability.as_ref())?;
+    let (uri, opaque) = parse_callback(raw.callback, replication.is_some(), check_uri)?;
+    let replication_factor = parse_factor(raw.reliability.as_ref())?;
+    let tags = match raw.statistics {
+        Some(stats) => parse_tags(stats)?,
+        None => Vec::new(),
+    };
+    assert!(
+        !uri.is_empty() || replication.is_some(),
+        "only a replication body may have no callback"
+    );
+    Ok(TimerSpec {
+        interval_ms,
+        repeat_for_ms,
+        uri,
+        opaque,
+        replication_factor,
+        tags,
+        replication,
+    })
+}
+
+/// `(interval, repeat-for)` in ms; `repeat-for` defaults to the interval.
+fn parse_timing(timing: &RawTiming) -> Result<(u32, u32), String> {
     let interval = timing
         .interval
         .as_ref()
@@ -233,32 +262,45 @@ pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
     if interval_ms == 0 && repeat_for_ms > 0 {
         return Err("timing.interval must be positive for a repeating timer".into());
     }
+    Ok((interval_ms, repeat_for_ms))
+}
 
-    let replication = match &raw.reliability {
-        Some(RawReliability {
-            replicas: Some(replicas),
-            cluster_view_id,
-            sites,
-            ..
-        }) => {
-            if replicas.is_empty() || replicas.len() > REPLICAS_MAX {
-                return Err(format!(
-                    "reliability.replicas must list 1 to {REPLICAS_MAX} nodes"
-                ));
-            }
-            Some(Replication {
-                start_time_delta_ms: timing.start_time_delta.unwrap_or(0),
-                version_us: timing.version,
-                sequence_number: timing.sequence_number.unwrap_or(0),
-                cluster_view_id: cluster_view_id.clone(),
-                replicas: replicas.clone(),
-                sites: sites.clone().unwrap_or_default(),
-            })
-        }
-        _ => None,
+/// The internal-API fields, when the body names `reliability.replicas`.
+fn parse_replication<'a>(
+    timing: &RawTiming,
+    reliability: Option<&RawReliability<'a>>,
+) -> Result<Option<Replication<'a>>, String> {
+    let Some(RawReliability {
+        replicas: Some(replicas),
+        cluster_view_id,
+        sites,
+        ..
+    }) = reliability
+    else {
+        return Ok(None);
     };
+    if replicas.is_empty() || replicas.len() > REPLICAS_MAX {
+        return Err(format!(
+            "reliability.replicas must list 1 to {REPLICAS_MAX} nodes"
+        ));
+    }
+    Ok(Some(Replication {
+        start_time_delta_ms: timing.start_time_delta.unwrap_or(0),
+        version_us: timing.version,
+        sequence_number: timing.sequence_number.unwrap_or(0),
+        cluster_view_id: cluster_view_id.clone(),
+        replicas: replicas.clone(),
+        sites: sites.clone().unwrap_or_default(),
+    }))
+}
 
-    let callback = raw.callback.ok_or("missing callback object")?;
+/// `(uri, opaque)`; both empty only in a replication body (a tombstone).
+fn parse_callback<'a>(
+    callback: Option<RawCallback<'a>>,
+    replication: bool,
+    check_uri: CheckUri,
+) -> Result<(Cow<'a, str>, Cow<'a, str>), String> {
+    let callback = callback.ok_or("missing callback object")?;
     let (uri, opaque) = match (callback.http, callback.other) {
         (Some(http), _) => {
             let uri = http.uri.ok_or("missing callback.http.uri")?;
@@ -269,144 +311,89 @@ pub fn parse(body: &[u8]) -> Result<TimerSpec<'_>, String> {
                 "unsupported callback type {other:?}: only \"http\" callbacks are supported"
             ))
         }
-        (None, None) if replication.is_some() => (Cow::Borrowed(""), Cow::Borrowed("")),
+        (None, None) if replication => (Cow::Borrowed(""), Cow::Borrowed("")),
         (None, None) => return Err("callback must contain an \"http\" object".into()),
     };
     if uri.is_empty() {
-        if replication.is_none() {
+        if !replication {
             return Err("callback.http.uri must not be empty".into());
         }
     } else {
-        validate_uri(&uri)?;
+        validate_uri(&uri, check_uri)?;
     }
-
-    let replication_factor = match raw
-        .reliability
-        .as_ref()
-        .and_then(|r| r.replication_factor.as_ref())
-    {
-        None => None,
-        Some(n) => match n.as_u64() {
-            Some(f) if f >= 1 => Some(f.min(crate::cluster::NODES_MAX as u64) as u8),
-            _ => return Err("reliability.replication-factor must be a positive integer".into()),
-        },
-    };
-
-    let mut tags = Vec::new();
-    if let Some(stats) = raw.statistics {
-        let list = stats.tag_info.unwrap_or_default();
-        if list.len() > TAGS_MAX {
-            return Err(format!("statistics.tag-info has more than {TAGS_MAX} tags"));
-        }
-        for tag in list {
-            let kind = tag
-                .kind
-                .ok_or("statistics.tag-info entry is missing its type")?;
-            if kind.is_empty() || kind.len() > 256 {
-                return Err("statistics.tag-info type must be 1 to 256 characters".into());
-            }
-            let count = match tag.count {
-                None => 1,
-                Some(n) => match n.as_u64() {
-                    Some(c) if c >= 1 && c <= u32::MAX as u64 => c as u32,
-                    _ => {
-                        return Err(format!(
-                            "statistics.tag-info count for {kind:?} must be a positive integer"
-                        ))
-                    }
-                },
-            };
-            tags.push((kind, count));
-        }
-    }
-
-    Ok(TimerSpec {
-        interval_ms,
-        repeat_for_ms,
-        uri,
-        opaque,
-        replication_factor,
-        tags,
-        replication,
-    })
+    Ok((uri, opaque))
 }
 
-/// The parts of an `http://` callback URI.
-#[derive(Debug, PartialEq, Eq)]
-pub struct CallbackTarget<'a> {
-    /// Host as written (an IP literal, a bracketed IPv6 literal, or a name).
-    pub host: &'a str,
-    pub port: u16,
-    /// Path and query, at least `/`.
-    pub path: &'a str,
-    /// `host[:port]` for the `Host` header.
-    pub authority: &'a str,
+fn parse_factor(reliability: Option<&RawReliability>) -> Result<Option<u8>, String> {
+    let Some(n) = reliability.and_then(|r| r.replication_factor.as_ref()) else {
+        return Ok(None);
+    };
+    match n.as_u64() {
+        Some(f) if f >= 1 => Ok(Some(f.min(super::NODES_MAX as u64) as u8)),
+        _ => Err("reliability.replication-factor must be a positive integer".into()),
+    }
 }
 
-/// Split an `http://host[:port][/path]` URI.
-pub fn parse_uri(uri: &str) -> Result<CallbackTarget<'_>, String> {
-    let rest = uri
-        .get(..7)
-        .filter(|s| s.eq_ignore_ascii_case("http://"))
-        .map(|_| &uri[7..])
-        .ok_or_else(|| format!("callback.http.uri {uri:?} must be an http:// URI"))?;
-    let split = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(split);
-    let path = if path.is_empty() { "/" } else { path };
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let end = v6
-            .find(']')
-            .ok_or_else(|| format!("callback.http.uri {uri:?} has a bad IPv6 host"))?;
-        let port = &v6[end + 1..];
-        (&authority[..end + 2], port.strip_prefix(':'))
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
+fn parse_tags(stats: RawStatistics<'_>) -> Result<Vec<(Cow<'_, str>, u32)>, String> {
+    let list = stats.tag_info.unwrap_or_default();
+    if list.len() > TAGS_MAX {
+        return Err(format!("statistics.tag-info has more than {TAGS_MAX} tags"));
+    }
+    let mut tags = Vec::with_capacity(list.len());
+    for tag in list {
+        let kind = tag
+            .kind
+            .ok_or("statistics.tag-info entry is missing its type")?;
+        if kind.is_empty() || kind.len() > 256 {
+            return Err("statistics.tag-info type must be 1 to 256 characters".into());
         }
-    };
-    if host.is_empty() || authority.contains('@') {
-        return Err(format!("callback.http.uri {uri:?} has no usable host"));
+        let count = match tag.count {
+            None => 1,
+            Some(n) => match n.as_u64() {
+                Some(c) if c >= 1 && c <= u32::MAX as u64 => c as u32,
+                _ => {
+                    return Err(format!(
+                        "statistics.tag-info count for {kind:?} must be a positive integer"
+                    ))
+                }
+            },
+        };
+        tags.push((kind, count));
     }
-    let port = match port {
-        None => 80,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("callback.http.uri {uri:?} has a bad port"))?,
-    };
-    if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
-        return Err(format!(
-            "callback.http.uri {uri:?} contains spaces or control characters"
-        ));
-    }
-    Ok(CallbackTarget {
-        host,
-        port,
-        path,
-        authority,
-    })
+    assert!(tags.len() <= TAGS_MAX);
+    Ok(tags)
 }
 
-fn validate_uri(uri: &str) -> Result<(), String> {
+fn validate_uri(uri: &str, check_uri: CheckUri) -> Result<(), String> {
     if uri.len() > URI_BYTES_MAX {
         return Err(format!(
             "callback.http.uri is longer than {URI_BYTES_MAX} bytes"
         ));
     }
-    parse_uri(uri).map(|_| ())
+    check_uri(uri).map_err(|e| format!("callback.http.uri {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A stand-in for the HTTP layer's check: `http://` and a host.
+    fn check(uri: &str) -> Result<(), String> {
+        match uri.strip_prefix("http://") {
+            Some(rest) if !rest.is_empty() && !rest.contains(' ') => Ok(()),
+            _ => Err(format!("{uri:?} must be an http:// URI")),
+        }
+    }
+
+    fn parse_test(body: &[u8]) -> Result<TimerSpec<'_>, String> {
+        parse(body, check)
+    }
+
     const OK: &str = r#"{"timing":{"interval":10},"callback":{"http":{"uri":"http://127.0.0.1:9/cb","opaque":"x"}}}"#;
 
     #[test]
     fn minimal_timer() {
-        let s = parse(OK.as_bytes()).unwrap();
+        let s = parse_test(OK.as_bytes()).unwrap();
         assert_eq!((s.interval_ms, s.repeat_for_ms), (10_000, 10_000));
         assert_eq!(s.uri, "http://127.0.0.1:9/cb");
         assert_eq!(s.opaque, "x");
@@ -427,7 +414,11 @@ mod tests {
             let body = format!(
                 r#"{{"timing":{{"interval":{text},"repeat-for":{text}}},"callback":{{"http":{{"uri":"http://a/"}}}}}}"#
             );
-            assert_eq!(parse(body.as_bytes()).unwrap().interval_ms, ms, "{text}");
+            assert_eq!(
+                parse_test(body.as_bytes()).unwrap().interval_ms,
+                ms,
+                "{text}"
+            );
         }
     }
 
@@ -485,7 +476,7 @@ mod tests {
             ),
         ];
         for (body, needle) in table {
-            let err = parse(body.as_bytes()).expect_err(body);
+            let err = parse_test(body.as_bytes()).expect_err(body);
             assert!(err.contains(needle), "{body}: {err}");
         }
     }
@@ -496,7 +487,7 @@ mod tests {
             "callback":{"http":{"uri":"http://h:81/p?q=1","opaque":"o"}},
             "reliability":{"cluster-view-id":"12","replicas":["10.0.0.1:7253","10.0.0.2:7253"]},
             "statistics":{"tag-info":[{"type":"CALL"},{"type":"SUB","count":3}]}}"#;
-        let s = parse(body.as_bytes()).unwrap();
+        let s = parse_test(body.as_bytes()).unwrap();
         assert_eq!(
             s.tags,
             vec![(Cow::Borrowed("CALL"), 1), (Cow::Borrowed("SUB"), 3)]
@@ -505,28 +496,6 @@ mod tests {
         assert_eq!((r.start_time_delta_ms, r.sequence_number), (-250, 2));
         assert_eq!(r.replicas.len(), 2);
         let tomb = r#"{"timing":{"interval":1},"callback":{},"reliability":{"replicas":["a:1"]}}"#;
-        assert!(parse(tomb.as_bytes()).unwrap().is_tombstone());
-    }
-
-    #[test]
-    fn uri_parts() {
-        let t = parse_uri("http://127.0.0.1:8080/cb?x=1").unwrap();
-        assert_eq!(
-            (t.host, t.port, t.path, t.authority),
-            ("127.0.0.1", 8080, "/cb?x=1", "127.0.0.1:8080")
-        );
-        let t = parse_uri("HTTP://example.com").unwrap();
-        assert_eq!((t.host, t.port, t.path), ("example.com", 80, "/"));
-        let t = parse_uri("http://[::1]:9/a").unwrap();
-        assert_eq!((t.host, t.port), ("[::1]", 9));
-        for bad in [
-            "http://",
-            "http://h:0/",
-            "http://h:x/",
-            "https://h/",
-            "http://h/a b",
-        ] {
-            assert!(parse_uri(bad).is_err(), "{bad}");
-        }
+        assert!(parse_test(tomb.as_bytes()).unwrap().is_tombstone());
     }
 }

@@ -1,0 +1,126 @@
+//! `http://` URIs: what a callback (or a peer) is reached at.
+
+/// The parts of an `http://` callback URI.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Target<'a> {
+    /// Host as written (an IP literal, a bracketed IPv6 literal, or a name).
+    pub host: &'a str,
+    pub port: u16,
+    /// Path and query, at least `/`.
+    pub path: &'a str,
+    /// `host[:port]` for the `Host` header.
+    pub authority: &'a str,
+}
+
+/// Split an `http://host[:port][/path]` URI. The error names the URI and
+/// what is wrong with it.
+pub fn parse(uri: &str) -> Result<Target<'_>, String> {
+    let rest = uri
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &uri[7..])
+        .ok_or_else(|| format!("{uri:?} must be an http:// URI"))?;
+    let split = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(split);
+    let path = if path.is_empty() { "/" } else { path };
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let end = v6
+            .find(']')
+            .ok_or_else(|| format!("{uri:?} has a bad IPv6 host"))?;
+        let port = &v6[end + 1..];
+        (&authority[..end + 2], port.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() || authority.contains('@') {
+        return Err(format!("{uri:?} has no usable host"));
+    }
+    let port = match port {
+        None => 80,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{uri:?} has a bad port"))?,
+    };
+    if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(format!(
+            "callback.http.uri {uri:?} contains spaces or control characters"
+        ));
+    }
+    Ok(Target {
+        host,
+        port,
+        path,
+        authority,
+    })
+}
+
+/// Whether `uri` is a usable `http://` URI (the JSON codec's check).
+pub fn check(uri: &str) -> Result<(), String> {
+    parse(uri).map(|_| ())
+}
+
+/// Decode a query-string value (`%XX` escapes, `+` for a space); `None`
+/// for a bad escape or bytes that are not UTF-8.
+pub fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uri_parts() {
+        let t = parse("http://127.0.0.1:8080/cb?x=1").unwrap();
+        assert_eq!(
+            (t.host, t.port, t.path, t.authority),
+            ("127.0.0.1", 8080, "/cb?x=1", "127.0.0.1:8080")
+        );
+        let t = parse("HTTP://example.com").unwrap();
+        assert_eq!((t.host, t.port, t.path), ("example.com", 80, "/"));
+        let t = parse("http://[::1]:9/a").unwrap();
+        assert_eq!((t.host, t.port), ("[::1]", 9));
+        for bad in [
+            "http://",
+            "http://h:0/",
+            "http://h:x/",
+            "https://h/",
+            "http://h/a b",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn query_values_decode() {
+        assert_eq!(percent_decode("10.0.0.1%3A7253").unwrap(), "10.0.0.1:7253");
+        assert_eq!(percent_decode("a+b").unwrap(), "a b");
+        assert!(percent_decode("%zz").is_none());
+        assert!(percent_decode("%4").is_none());
+    }
+}

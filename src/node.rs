@@ -1,0 +1,219 @@
+//! The composition root: what a chronos node is made of, wired together.
+//! Every other module knows only the layers beneath it (README,
+//! "Layers"); this one knows them all and decides:
+//!
+//! - what the engine runs on each shard ([`shard_main`]): the shard's
+//!   timers, its pop loop, its reload listener, its part of the delay
+//!   queue, and the HTTP server with the API as its handler;
+//! - what a mesh message does on the shard that receives it ([`on_mesh`]);
+//! - what the signals other than SIGTERM/SIGINT do ([`signal_hook`]):
+//!   SIGHUP reloads the cluster, SIGUSR1 (resync) is logged;
+//! - what readiness means (`/ready`): every shard listening and, with
+//!   `[queue]`, Postgres and the broker.
+//!
+//! Shutdown order on a shard: the engine closes the gate → the server stops
+//! accepting and answers what it holds → the queue's consumer stops → the
+//! gate's tasks (pop loop, replication senders, queue tasks) end → the
+//! mesh senders close.
+
+use crate::api::{Api, ReadyCheck};
+use crate::cluster::Cluster;
+use crate::config::Resolved;
+use crate::http::server::{Limits, Server};
+use crate::queue::{QueueShard, QueueShared};
+use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
+use crate::runtime::{EngineConfig, ShardCtx, SignalHook, DRAIN_TIMEOUT, SIGHUP, SIGUSR1};
+use crate::shard::{pop_loop, MeshMsg, Reply, Shard};
+use crate::stats::ShardStats;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Reloaded clusters waiting per shard (SIGHUP); beyond it a reload is
+/// dropped for that shard and logged.
+const RELOADS_QUEUED_MAX: usize = 4;
+
+/// Re-reads and validates the configuration (SIGHUP).
+pub type Reload = Box<dyn Fn() -> Result<Resolved, String> + Send>;
+
+/// What every shard of the node shares.
+struct NodeShared {
+    resolved: Arc<Resolved>,
+    stats: Arc<[ShardStats]>,
+    queue: Option<Arc<QueueShared>>,
+    /// Shard `i`'s end of the reload channel.
+    reloads: Vec<async_channel::Receiver<Arc<Cluster>>>,
+}
+
+/// Run a node until shutdown.
+pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
+    let shards = resolved.shards;
+    assert!(shards > 0, "a node has shards");
+    let stats: Arc<[ShardStats]> = (0..shards).map(|_| ShardStats::default()).collect();
+    let http = &resolved.config.http;
+    let engine = EngineConfig {
+        shards,
+        listen: format!("{}:{}", http.bind_address, http.bind_port),
+        steer_by_cpu: http.accept_steering == crate::config::AcceptSteering::Cpu,
+        mesh_capacity: resolved
+            .config
+            .runtime
+            .mesh_channel_capacity
+            .unwrap_or(CHANNEL_CAPACITY),
+    };
+    let (reload_tx, reloads): (Vec<_>, Vec<_>) = (0..shards)
+        .map(|_| async_channel::bounded::<Arc<Cluster>>(RELOADS_QUEUED_MAX))
+        .unzip();
+    let hook = signal_hook(reload, resolved.cluster.clone(), reload_tx);
+    let queue = match &resolved.config.queue {
+        Some(q) => Some(QueueShared::start(q, shards)?),
+        None => None,
+    };
+    let node = Arc::new(NodeShared {
+        resolved: Arc::new(resolved),
+        stats,
+        queue,
+        reloads,
+    });
+    crate::runtime::run(&engine, hook, move |ctx| shard_main(ctx, node.clone()))
+}
+
+/// One shard's body: build it, start its tasks, serve HTTP until shutdown.
+async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(), String> {
+    let ShardCtx {
+        index,
+        listener,
+        mesh,
+        inbox,
+        gate,
+        ..
+    } = ctx;
+    let resolved = node.resolved.clone();
+    let shard = Shard::new(
+        index,
+        resolved.clone(),
+        node.stats.clone(),
+        mesh,
+        gate.clone(),
+    );
+    if let Some(receivers) = inbox {
+        let shard = shard.clone();
+        mesh::serve(receivers, move |msg| on_mesh(&shard, msg));
+    }
+    gate.spawn(pop_loop(shard.clone()));
+    gate.spawn(take_reloads(shard.clone(), node.reloads[index].clone()));
+    if let Some(q) = &node.queue {
+        QueueShard::start(q.clone(), index, node.stats.clone(), gate.clone());
+    }
+    shard.my_stats().up.store(true, Ordering::Relaxed);
+    let http = &resolved.config.http;
+    let limits = Limits {
+        connections_max: http.connections_max,
+        header_bytes_max: http.header_bytes_max,
+        body_bytes_max: http.body_bytes_max,
+        idle_timeout_ms: http.idle_timeout_ms,
+        drain: DRAIN_TIMEOUT,
+    };
+    let api = Api::new(shard.clone(), ready_check(&node));
+    let server = Server::new(api, limits, gate.clone(), node.stats.clone(), index);
+    server.run(listener, http.net_ring).await;
+    assert!(gate.is_closing(), "the server returns only at shutdown");
+    if let Some(q) = &node.queue {
+        q.stop();
+    }
+    if !gate.close_and_wait(DRAIN_TIMEOUT).await {
+        tracing::warn!(target: "chronos::node", "shard {index}: {} task(s) still running at exit", gate.passes());
+    }
+    shard.mesh.close();
+    Ok(())
+}
+
+/// `/ready` beyond the shards: the delay queue's Postgres and broker.
+fn ready_check(node: &Arc<NodeShared>) -> ReadyCheck {
+    match &node.queue {
+        Some(q) => {
+            let (q, stats) = (q.clone(), node.stats.clone());
+            Box::new(move || q.readiness(&stats))
+        }
+        None => Box::new(|| Ok(())),
+    }
+}
+
+/// Apply reloaded clusters (SIGHUP) until shutdown.
+async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Cluster>>) {
+    while let Some(Ok(cluster)) = shard.gate.unless_closing(reloads.recv()).await {
+        shard.set_cluster(&cluster);
+    }
+}
+
+/// What a message from another shard does here.
+fn on_mesh(shard: &Shard, msg: MeshMsg) {
+    match msg {
+        MeshMsg::Apply {
+            head,
+            spec,
+            from_client,
+            reply,
+        } => {
+            let _ = reply.send(Reply::Applied(shard.apply(
+                head,
+                spec.as_deref(),
+                from_client,
+            )));
+        }
+        MeshMsg::Resync { query, reply } => {
+            let _ = reply.send(Reply::Resync(shard.resync_local(query)));
+        }
+        MeshMsg::DropReference { unique, reply } => {
+            let _ = reply.send(Reply::Dropped(shard.drop_reference(unique)));
+        }
+        MeshMsg::Tags { reply } => {
+            let _ = reply.send(Reply::Tags(shard.store.borrow().tag_values()));
+        }
+    }
+}
+
+/// SIGHUP (`service chronos reload`) re-reads the configuration through
+/// `reload`; a valid one's cluster (`node`, `joining`, `leaving`) is handed
+/// to every shard over its bounded reload channel. Other settings need a
+/// restart. SIGUSR1 (`service chronos resync`) is caught so that it never
+/// terminates the node (its default action): active resynchronisation
+/// (seed 003) is not built yet, which the log says.
+fn signal_hook(
+    reload: Reload,
+    mut current: Cluster,
+    shards: Vec<async_channel::Sender<Arc<Cluster>>>,
+) -> SignalHook {
+    Box::new(move |signal| {
+        if signal == SIGUSR1 {
+            tracing::warn!(target: "chronos::node", "SIGUSR1: active resynchronisation is not supported by this build; ignored");
+            return;
+        }
+        assert_eq!(signal, SIGHUP, "the engine hands over SIGHUP and SIGUSR1");
+        let next = match reload() {
+            Err(e) => {
+                tracing::error!(target: "chronos::node", "SIGHUP: the configuration is invalid, keeping the current one: {e}");
+                return;
+            }
+            Ok(next) => next.cluster,
+        };
+        if next.local_address != current.local_address {
+            tracing::error!(target: "chronos::node", "SIGHUP: this node's address would change ({} to {}), which needs a restart; keeping the current cluster", current.local_address, next.local_address);
+            return;
+        }
+        tracing::info!(
+            target: "chronos::node",
+            nodes = ?next.nodes.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
+            leaving = ?next.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
+            cluster_view_id = %next.view_id,
+            "SIGHUP: cluster reloaded (settings outside [cluster] take a restart)"
+        );
+        let shared = Arc::new(next.clone());
+        for (i, tx) in shards.iter().enumerate() {
+            if tx.try_send(shared.clone()).is_err() {
+                tracing::error!(target: "chronos::node", "SIGHUP: shard {i} has {RELOADS_QUEUED_MAX} reloads pending; this one is dropped there");
+            }
+        }
+        current = next;
+    })
+}

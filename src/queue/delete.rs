@@ -1,0 +1,43 @@
+//! Delete: rows whose publish the broker acknowledged, in batches of at
+//! most [`DELETE_BATCH_MAX`] IDs per statement. At shutdown the task
+//! deletes what is in hand, then ends.
+
+use super::pg::retry_query;
+use super::QueueShard;
+use std::rc::Rc;
+use std::time::Instant;
+
+/// IDs deleted per statement.
+const DELETE_BATCH_MAX: usize = 5000;
+
+impl QueueShard {
+    pub(super) async fn delete_loop(self: Rc<Self>) {
+        loop {
+            if self.to_delete.borrow().is_empty() {
+                if self.gate.is_closing() {
+                    return;
+                }
+                futures_lite::future::or(self.delete_wake.wait(), self.gate.closing()).await;
+                continue;
+            }
+            let ids: Vec<String> = {
+                let mut all = self.to_delete.borrow_mut();
+                let n = all.len().min(DELETE_BATCH_MAX);
+                all.drain(..n).collect()
+            };
+            assert!(!ids.is_empty() && ids.len() <= DELETE_BATCH_MAX);
+            let started = Instant::now();
+            let Some(rows) = retry_query(&self.pg, |c| &c.delete, &[&ids]).await else {
+                return;
+            };
+            self.stats().record_pg_batch(started.elapsed());
+            if rows.len() < ids.len() {
+                let gone: std::collections::HashSet<String> =
+                    rows.iter().map(|r| r.get::<_, String>(0)).collect();
+                for id in ids.iter().filter(|id| !gone.contains(*id)) {
+                    tracing::warn!(target: "chronos::queue", "message {id} was already deleted (taken over by a peer after a suspected failure)");
+                }
+            }
+        }
+    }
+}

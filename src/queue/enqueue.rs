@@ -1,0 +1,164 @@
+//! Enqueue: messages from the consumer thread, in batches. A message due
+//! within the timing advance is published at once (unless its ID already
+//! waits in the table); the rest are inserted with one `UNNEST` statement
+//! (idempotent on the ID). Offsets are stored for commit only afterwards.
+
+use super::deadline::system_time_of;
+use super::headers::{headers_json, validate, HEADER_DEADLINE, HEADER_ID};
+use super::pg::retry_query;
+use super::{Batch, Inbound, Kind, Pending, QueueShard};
+use crate::runtime::clock;
+use crate::runtime::notify::Notify;
+use crate::stats::ShardStats;
+use rdkafka::consumer::Consumer;
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Instant, SystemTime};
+
+/// One batch, sorted: rows to insert, late messages, last offsets.
+#[derive(Default)]
+struct Sorted {
+    /// The last offset of each partition in the batch.
+    last: Vec<(i32, i64)>,
+    ids: Vec<String>,
+    deadlines: Vec<SystemTime>,
+    header_json: Vec<String>,
+    keys: Vec<Option<Vec<u8>>>,
+    values: Vec<Option<Vec<u8>>>,
+    late: Vec<(String, Inbound)>,
+}
+
+impl QueueShard {
+    pub(super) async fn enqueue_loop(self: Rc<Self>) {
+        let inbox = self.shared.inboxes[self.shard].clone();
+        let max = self.cfg().insert_batch_max;
+        let mut batch: Vec<Inbound> = Vec::with_capacity(max);
+        loop {
+            let Some(Ok(first)) = self.gate.unless_closing(inbox.recv()).await else {
+                return;
+            };
+            batch.push(first);
+            while batch.len() < max {
+                match inbox.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            assert!(batch.len() <= max);
+            if !self.enqueue_batch(&mut batch).await {
+                return;
+            }
+        }
+    }
+
+    /// Handle one batch; `false` only at shutdown.
+    async fn enqueue_batch(self: &Rc<Self>, batch: &mut Vec<Inbound>) -> bool {
+        ShardStats::add(&self.stats().queue_consumed, batch.len() as u64);
+        let sorted = self.sort(batch);
+        assert!(batch.is_empty(), "every message sorted");
+        if !sorted.ids.is_empty() && !self.insert(&sorted).await {
+            return false;
+        }
+        if !sorted.late.is_empty() && !self.publish_late(sorted.late).await {
+            return false;
+        }
+        let topic = &self.cfg().input_topic;
+        for (partition, offset) in sorted.last {
+            if let Err(e) = self.shared.consumer.store_offset(topic, partition, offset) {
+                // The partition moved to another member: it will redeliver.
+                tracing::debug!(target: "chronos::queue", "store offset {partition}/{offset}: {e}");
+            }
+        }
+        true
+    }
+
+    /// Validate and sort a batch (invalid messages are logged and skipped).
+    fn sort(&self, batch: &mut Vec<Inbound>) -> Sorted {
+        let stats = self.stats();
+        let mut s = Sorted::default();
+        let now_us = clock::unix_us() as i64;
+        let advance_us = self.cfg().timing_advance_ms as i64 * 1000;
+        for mut m in batch.drain(..) {
+            match s.last.iter_mut().find(|(p, _)| *p == m.partition) {
+                Some(entry) => entry.1 = entry.1.max(m.offset),
+                None => s.last.push((m.partition, m.offset)),
+            }
+            let (id, deadline_us) = match validate(&m.headers) {
+                Ok(v) => v,
+                Err(reason) => {
+                    ShardStats::add(&stats.queue_skipped_invalid, 1);
+                    tracing::warn!(target: "chronos::queue", partition = m.partition, offset = m.offset, "skipping input message: {reason}");
+                    continue;
+                }
+            };
+            m.headers
+                .retain(|(k, _)| k != HEADER_ID && k != HEADER_DEADLINE);
+            if deadline_us - advance_us <= now_us {
+                s.late.push((id, m));
+            } else {
+                s.ids.push(id);
+                s.deadlines.push(system_time_of(deadline_us));
+                s.header_json.push(headers_json(&m.headers));
+                s.keys.push(m.key);
+                s.values.push(m.value);
+            }
+        }
+        s
+    }
+
+    /// Insert the batch's rows; `false` only at shutdown.
+    async fn insert(&self, s: &Sorted) -> bool {
+        let started = Instant::now();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&s.ids, &s.deadlines, &s.header_json, &s.keys, &s.values];
+        if retry_query(&self.pg, |c| &c.insert, &params)
+            .await
+            .is_none()
+        {
+            return false;
+        }
+        let stats = self.stats();
+        stats.record_pg_batch(started.elapsed());
+        ShardStats::add(&stats.queue_enqueued, s.ids.len() as u64);
+        true
+    }
+
+    /// Seed 004: publish late messages at once unless the ID is already
+    /// waiting in the table, and wait for every acknowledgement; `false`
+    /// only at shutdown.
+    async fn publish_late(self: &Rc<Self>, late: Vec<(String, Inbound)>) -> bool {
+        let late_ids: Vec<&str> = late.iter().map(|(id, _)| id.as_str()).collect();
+        let Some(rows) = retry_query(&self.pg, |c| &c.exists, &[&late_ids]).await else {
+            return false;
+        };
+        let waiting: Vec<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+        let wait = Rc::new(Batch {
+            left: Cell::new(0),
+            done: Notify::default(),
+        });
+        let mut published: std::collections::HashSet<String> = Default::default();
+        for (id, m) in late {
+            // Already waiting in the table, or a duplicate ID within this
+            // batch: published once.
+            if waiting.contains(&id) || !published.insert(id) {
+                continue;
+            }
+            ShardStats::add(&self.stats().queue_late, 1);
+            wait.left.set(wait.left.get() + 1);
+            self.publish(Pending {
+                kind: Kind::Immediate(wait.clone()),
+                key: m.key,
+                value: m.value,
+                headers: m.headers,
+                attempts: 0,
+            });
+        }
+        while wait.left.get() > 0 {
+            if self.gate.is_closing() {
+                return false;
+            }
+            futures_lite::future::or(wait.done.wait(), self.gate.closing()).await;
+        }
+        true
+    }
+}

@@ -1,0 +1,51 @@
+//! Failure detection (shard 0 of each node): rows readied longer than the
+//! hold time ago are reset so that any node claims them again, and each is
+//! logged as `suspected failure of <node> for message <id>`. At most
+//! [`STUCK_BATCH_MAX`] rows per pass.
+
+use super::pg::retry_query;
+use super::QueueShard;
+use crate::stats::ShardStats;
+use std::rc::Rc;
+use std::time::{Duration, SystemTime};
+
+/// Rows examined per failure-detection pass.
+const STUCK_BATCH_MAX: i64 = 1000;
+
+impl QueueShard {
+    pub(super) async fn failure_detection_loop(self: Rc<Self>) {
+        let cfg = self.cfg().clone();
+        loop {
+            let jitter = self.jitter_ms(cfg.failure_detection_interval_ms / 10);
+            self.pause(cfg.failure_detection_interval_ms + jitter).await;
+            if self.gate.is_closing() {
+                return;
+            }
+            let cutoff = SystemTime::now() - Duration::from_millis(cfg.hold_time_ms);
+            let Some(rows) =
+                retry_query(&self.pg, |c| &c.stuck, &[&cutoff, &STUCK_BATCH_MAX]).await
+            else {
+                return;
+            };
+            assert!(
+                rows.len() as i64 <= STUCK_BATCH_MAX,
+                "the stuck statement has a LIMIT"
+            );
+            if rows.is_empty() {
+                continue;
+            }
+            let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            let by: Vec<String> = rows.iter().map(|r| r.get(1)).collect();
+            let at: Vec<SystemTime> = rows.iter().map(|r| r.get(2)).collect();
+            let Some(reset) = retry_query(&self.pg, |c| &c.reset, &[&ids, &by, &at]).await else {
+                return;
+            };
+            for r in &reset {
+                let id: String = r.get(0);
+                let node: String = r.get(1);
+                tracing::warn!(target: "chronos::queue", "suspected failure of {node} for message {id}");
+            }
+            ShardStats::add(&self.stats().queue_reset, reset.len() as u64);
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Claim and fire: rows whose deadline is within the look-ahead are claimed
+//! (`readied_at`/`readied_by`, `FOR UPDATE SKIP LOCKED`, at most one claim
+//! batch per statement), held in the shard's queue wheel, and published at
+//! `deadline - timing advance`, so jitter is the wheel's, not the poll's.
+
+use super::deadline::unix_us_of;
+use super::headers::parse_headers_json;
+use super::pg::retry_query;
+use super::{Held, Kind, Pending, QueueShard, CLAIMED_IN_HAND_BATCHES};
+use crate::runtime::clock;
+use std::rc::Rc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// Messages published per turn of the fire task.
+const FIRE_PER_TURN_MAX: usize = 1024;
+
+impl QueueShard {
+    pub(super) async fn claim_loop(self: Rc<Self>) {
+        let cfg = self.cfg().clone();
+        // Claimed messages held or being published stay below this: while
+        // the broker is away, claims stop instead of piling up in memory.
+        let in_hand_max = cfg.claim_batch_max * CLAIMED_IN_HAND_BATCHES;
+        while !self.gate.is_closing() {
+            let in_hand = self.held.borrow().len() + self.pending.borrow().len();
+            if in_hand >= in_hand_max {
+                self.pause(cfg.poll_interval_ms).await;
+                continue;
+            }
+            let now = SystemTime::now();
+            let horizon = now + Duration::from_millis(cfg.look_ahead_ms);
+            let limit = cfg.claim_batch_max.min(in_hand_max - in_hand) as i64;
+            assert!(limit > 0);
+            let started = Instant::now();
+            let node_id = &self.shared.node_id;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&now, node_id, &horizon, &limit];
+            let Some(rows) = retry_query(&self.pg, |c| &c.ready, &params).await else {
+                return;
+            };
+            self.stats().record_pg_batch(started.elapsed());
+            let claimed = rows.len();
+            assert!(claimed as i64 <= limit, "the ready statement has a LIMIT");
+            if claimed > 0 {
+                self.hold(rows);
+            }
+            if claimed as i64 == limit {
+                glommio::yield_if_needed().await;
+                continue;
+            }
+            // The poll interval, with a little jitter (up to 10%).
+            let jitter = self.jitter_ms(cfg.poll_interval_ms / 10);
+            let spent = started.elapsed().as_millis() as u64;
+            self.pause((cfg.poll_interval_ms + jitter).saturating_sub(spent))
+                .await;
+        }
+    }
+
+    /// Put claimed rows in the wheel, each at `deadline - advance` on the
+    /// engine clock (rounded up: never early).
+    fn hold(&self, rows: Vec<tokio_postgres::Row>) {
+        let now_ms = clock::now_ms();
+        let now_unix_us = clock::unix_us() as i64;
+        let advance_us = self.cfg().timing_advance_ms as i64 * 1000;
+        let mut held = self.held.borrow_mut();
+        for row in rows {
+            let deadline: SystemTime = row.get(1);
+            let deadline_us = unix_us_of(deadline);
+            let headers: Option<String> = row.get(4);
+            let h = Held {
+                id: row.get(0),
+                key: row.get(2),
+                value: row.get(3),
+                headers: headers
+                    .as_deref()
+                    .map(parse_headers_json)
+                    .unwrap_or_default(),
+                deadline_us,
+            };
+            let wait_us = (deadline_us - advance_us - now_unix_us).max(0) as u64;
+            held.insert(now_ms + wait_us.div_ceil(1000), h);
+        }
+        drop(held);
+        self.held_wake.notify();
+    }
+
+    pub(super) async fn fire_loop(self: Rc<Self>) {
+        let mut due: Vec<Held> = Vec::with_capacity(FIRE_PER_TURN_MAX);
+        while !self.gate.is_closing() {
+            let now = clock::now_ms();
+            let fired = self
+                .held
+                .borrow_mut()
+                .poll(now, FIRE_PER_TURN_MAX, |_, _, h| due.push(h));
+            assert!(fired <= FIRE_PER_TURN_MAX);
+            for h in due.drain(..) {
+                self.publish(Pending {
+                    kind: Kind::Held {
+                        id: h.id,
+                        deadline_us: h.deadline_us,
+                    },
+                    key: h.key,
+                    value: h.value,
+                    headers: h.headers,
+                    attempts: 0,
+                });
+            }
+            if fired == FIRE_PER_TURN_MAX {
+                glommio::yield_if_needed().await;
+                continue;
+            }
+            let next = self.held.borrow().next_deadline_ms();
+            let wake = next.unwrap_or(u64::MAX).min(clock::now_ms() + 100);
+            let sleep = clock::instant_of(wake).saturating_duration_since(Instant::now());
+            if !sleep.is_zero() {
+                let wait =
+                    futures_lite::future::or(glommio::timer::sleep(sleep), self.held_wake.wait());
+                futures_lite::future::or(wait, self.gate.closing()).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Publishing: the producer side of the queue. Every publish has a token
+//! (the shard in its top bits); librdkafka's delivery callback routes each
+//! report back to that shard over a bounded channel; a rejected publish is
+//! retried with backoff, an acknowledged one completes its message (the row
+//! is queued for deletion, or the enqueue batch that waits is told).
+
+use super::{Kind, Pending, QueueConfig, QueueShard, CLAIMED_IN_HAND_BATCHES};
+use crate::runtime::clock;
+use crate::stats::ShardStats;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext};
+use rdkafka::ClientContext;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Delivery reports waiting per shard: never reached, since a report
+/// exists only for a publish in the shard's pending table, which holds at
+/// most the claimed messages in hand plus one enqueue batch's late ones.
+pub fn deliveries_max(cfg: &QueueConfig) -> usize {
+    cfg.claim_batch_max * CLAIMED_IN_HAND_BATCHES + cfg.insert_batch_max
+}
+/// At most one publish-failure log line per shard this often.
+const PUBLISH_LOG_EVERY: Duration = Duration::from_secs(10);
+/// Publish retry backoff.
+const PUBLISH_BACKOFF_MS_MIN: u64 = 100;
+const PUBLISH_BACKOFF_MS_MAX: u64 = 5_000;
+
+/// A publish acknowledgement (or failure) for the shard that sent it.
+pub struct Delivery {
+    pub(super) token: usize,
+    pub(super) result: Result<(), String>,
+}
+
+/// Routes delivery reports to the sending shard (the shard is in the
+/// token's top bits).
+pub struct DeliveryRouter {
+    pub(super) senders: Vec<async_channel::Sender<Delivery>>,
+}
+
+const TOKEN_SHARD_SHIFT: u32 = 48;
+
+impl ClientContext for DeliveryRouter {}
+
+impl ProducerContext for DeliveryRouter {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, token: usize) {
+        let result = match result {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(e.to_string()),
+        };
+        let shard = token >> TOKEN_SHARD_SHIFT;
+        let Some(tx) = self.senders.get(shard) else {
+            tracing::error!(target: "chronos::queue", "delivery report for unknown shard {shard}");
+            return;
+        };
+        // Never full: a report exists only for a publish in a shard's
+        // pending table, which holds fewer than the channel's capacity.
+        if tx.try_send(Delivery { token, result }).is_err() {
+            tracing::error!(target: "chronos::queue", "delivery channel of shard {shard} full or closed; the message will be retried by failure detection");
+        }
+    }
+}
+
+impl QueueShard {
+    /// Hand a message to the producer (retried with backoff while its queue
+    /// is full).
+    pub(super) fn publish(self: &Rc<Self>, p: Pending) {
+        let token = (self.shard << TOKEN_SHARD_SHIFT)
+            | (self.next_token.get() & ((1 << TOKEN_SHARD_SHIFT) - 1));
+        self.next_token.set(self.next_token.get().wrapping_add(1));
+        let mut pending = self.pending.borrow_mut();
+        assert!(
+            pending.len() < deliveries_max(self.cfg()),
+            "pending publishes stay bounded"
+        );
+        let replaced = pending.insert(token, p);
+        assert!(
+            replaced.is_none(),
+            "tokens are unique among pending publishes"
+        );
+        drop(pending);
+        self.send(token);
+    }
+
+    fn send(self: &Rc<Self>, token: usize) {
+        let outcome = {
+            let pending = self.pending.borrow();
+            let Some(p) = pending.get(&token) else {
+                return;
+            };
+            let mut headers = OwnedHeaders::new_with_capacity(p.headers.len());
+            for (k, v) in &p.headers {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: v.as_deref(),
+                });
+            }
+            let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(
+                &self.shared.config.output_topic,
+                token,
+            )
+            .headers(headers);
+            if let Some(k) = &p.key {
+                record = record.key(k.as_slice());
+            }
+            if let Some(v) = &p.value {
+                record = record.payload(v.as_slice());
+            }
+            self.shared.producer.send(record).map_err(|(e, _)| e)
+        };
+        if let Err(e) = outcome {
+            self.retry_later(token, &e.to_string());
+        }
+    }
+
+    fn retry_later(self: &Rc<Self>, token: usize, why: &str) {
+        ShardStats::add(&self.stats().queue_producer_errors, 1);
+        let attempts = {
+            let mut pending = self.pending.borrow_mut();
+            let Some(p) = pending.get_mut(&token) else {
+                return;
+            };
+            p.attempts += 1;
+            p.attempts
+        };
+        // One line per `PUBLISH_LOG_EVERY` per shard, however many fail.
+        let quiet = self.publish_warned.get();
+        if quiet.is_none_or(|t| t.elapsed() >= PUBLISH_LOG_EVERY) {
+            let more = self.publish_failures_unlogged.replace(0);
+            tracing::warn!(target: "chronos::queue", "publish failed, retrying with backoff ({more} more failures since the last report): {why}");
+            self.publish_warned.set(Some(Instant::now()));
+        } else {
+            self.publish_failures_unlogged
+                .set(self.publish_failures_unlogged.get() + 1);
+        }
+        let backoff = (PUBLISH_BACKOFF_MS_MIN << attempts.min(10)).min(PUBLISH_BACKOFF_MS_MAX);
+        let me = self.clone();
+        self.gate.spawn(async move {
+            me.pause(backoff).await;
+            if !me.gate.is_closing() {
+                me.send(token);
+            }
+        });
+    }
+
+    pub(super) async fn delivery_loop(self: Rc<Self>) {
+        let rx = self.shared.deliveries[self.shard].clone();
+        loop {
+            let Some(Ok(d)) = self.gate.unless_closing(rx.recv()).await else {
+                return;
+            };
+            if let Err(e) = d.result {
+                self.retry_later(d.token, &e);
+                continue;
+            }
+            let Some(p) = self.pending.borrow_mut().remove(&d.token) else {
+                continue;
+            };
+            let stats = self.stats();
+            match p.kind {
+                Kind::Held { id, deadline_us } => {
+                    ShardStats::add(&stats.queue_fired, 1);
+                    let late_us = clock::unix_us() as i64 - deadline_us;
+                    stats.record_queue_lateness(late_us);
+                    self.to_delete.borrow_mut().push(id);
+                    self.delete_wake.notify();
+                }
+                Kind::Immediate(batch) => {
+                    batch.left.set(batch.left.get() - 1);
+                    if batch.left.get() == 0 {
+                        batch.done.notify();
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The conflict rules between a stored incarnation of a timer and one that
+//! arrives from another node (seed 000's rules, extended for reloads):
+//!
+//! 1. **View.** A copy of the current cluster view beats one of a view this
+//!    shard held before. A view it never held may be newer (a peer reloaded
+//!    first), so it is not judged by view: the next rules decide.
+//! 2. **Version.** The newer client operation (version) wins.
+//! 3. **Sequence.** Of the same version, the one with more pops done wins.
+//! 4. **Tombstone.** At a tie, a tombstone beats a live copy.
+//!
+//! A client operation on this node always wins and never comes here.
+
+use crate::timer::TimerHead;
+
+/// Whether `new` (from another node) replaces `old` (stored here).
+/// `current` is this shard's view fingerprint, `past` the views it held
+/// before (`0` entries are empty).
+pub fn replaces(
+    new: &TimerHead,
+    new_tomb: bool,
+    old: &TimerHead,
+    old_tomb: bool,
+    current: u32,
+    past: &[u32],
+) -> bool {
+    assert_eq!(
+        new.id.unique, old.id.unique,
+        "two incarnations of one timer"
+    );
+    if new.view != old.view {
+        if new.view == current {
+            return true;
+        }
+        // The current view beats an older one; a view this shard never held
+        // may be newer, and falls through to version and sequence, so a pop
+        // replicated in the window between two nodes' reloads is not popped
+        // again.
+        if old.view == current && (new.view == 0 || past.contains(&new.view)) {
+            return false;
+        }
+    }
+    if new.version != old.version {
+        return new.version > old.version;
+    }
+    if new.sequence != old.sequence {
+        return new.sequence > old.sequence;
+    }
+    new_tomb && !old_tomb
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timer::TimerId;
+
+    fn head(view: u32, version: u64, sequence: u32) -> TimerHead {
+        TimerHead {
+            id: TimerId {
+                unique: 7,
+                bloom: 1,
+            },
+            start_ms: 0,
+            version,
+            interval_ms: 1000,
+            repeat_for_ms: 5000,
+            sequence,
+            view,
+            replica_index: 0,
+            replication_factor: 2,
+        }
+    }
+
+    const CUR: u32 = 10;
+    const PAST: [u32; 4] = [9, 8, 0, 0];
+
+    fn wins(new: TimerHead, new_tomb: bool, old: TimerHead, old_tomb: bool) -> bool {
+        replaces(&new, new_tomb, &old, old_tomb, CUR, &PAST)
+    }
+
+    #[test]
+    fn rule_1_current_view_beats_a_past_one() {
+        // Whatever version and sequence say.
+        assert!(wins(head(CUR, 1, 0), false, head(9, 5, 3), false));
+        assert!(!wins(head(9, 5, 3), false, head(CUR, 1, 0), false));
+        // An unknown view (0) loses to the current one too.
+        assert!(!wins(head(0, 5, 3), false, head(CUR, 1, 0), false));
+    }
+
+    #[test]
+    fn rule_1_a_view_never_held_is_judged_by_version_and_sequence() {
+        // 11 is neither current nor past: a peer reloaded first.
+        assert!(wins(head(11, 1, 2), false, head(CUR, 1, 1), false));
+        assert!(!wins(head(11, 1, 1), false, head(CUR, 1, 2), false));
+        assert!(wins(head(11, 2, 0), false, head(CUR, 1, 5), false));
+    }
+
+    #[test]
+    fn rule_2_newer_version_wins() {
+        assert!(wins(head(CUR, 2, 0), false, head(CUR, 1, 9), false));
+        assert!(!wins(head(CUR, 1, 9), false, head(CUR, 2, 0), false));
+        // A newer client update beats an older tombstone, and vice versa.
+        assert!(wins(head(CUR, 2, 0), false, head(CUR, 1, 0), true));
+        assert!(wins(head(CUR, 2, 0), true, head(CUR, 1, 0), false));
+    }
+
+    #[test]
+    fn rule_3_more_pops_win_within_a_version() {
+        assert!(wins(head(CUR, 1, 3), false, head(CUR, 1, 2), false));
+        assert!(!wins(head(CUR, 1, 2), false, head(CUR, 1, 3), false));
+    }
+
+    #[test]
+    fn rule_4_a_tombstone_wins_a_tie() {
+        assert!(wins(head(CUR, 1, 2), true, head(CUR, 1, 2), false));
+        assert!(!wins(head(CUR, 1, 2), false, head(CUR, 1, 2), true));
+        // The same message twice changes nothing.
+        assert!(!wins(head(CUR, 1, 2), false, head(CUR, 1, 2), false));
+        assert!(!wins(head(CUR, 1, 2), true, head(CUR, 1, 2), true));
+    }
+
+    #[test]
+    fn past_views_lose_among_themselves_by_version() {
+        // Neither is current: version and sequence decide.
+        assert!(wins(head(9, 2, 0), false, head(8, 1, 0), false));
+        assert!(!wins(head(8, 1, 0), false, head(9, 2, 0), false));
+    }
+}

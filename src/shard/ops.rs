@@ -1,0 +1,338 @@
+//! Timer operations on a shard: what a client's `POST`/`PUT`/`DELETE` and
+//! another node's replication `PUT` do, and `apply`, which stores one
+//! incarnation on the shard that owns its ID under the conflict rules.
+
+use super::mesh::{MeshMsg, Reply};
+use super::view::Placement;
+use super::{conflict, Shard};
+use crate::cluster::{address_bloom, NODES_MAX};
+use crate::runtime::clock;
+use crate::stats::ShardStats;
+use crate::timer::spec::TAGS_MAX;
+use crate::timer::{shard_of, view_fingerprint, Timer, TimerHead, TimerId, TimerSpec};
+
+/// How long a tombstone lives when nobody told it the timer's interval.
+pub const TOMBSTONE_MS_DEFAULT: u64 = 10_000;
+
+/// Why a timer operation failed: an HTTP status and a reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpError {
+    pub status: u16,
+    pub reason: String,
+}
+
+impl OpError {
+    pub fn new(status: u16, reason: impl Into<String>) -> Self {
+        OpError {
+            status,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl Shard {
+    fn replication_factor(&self, spec: &TimerSpec) -> usize {
+        let asked = spec
+            .replication_factor
+            .unwrap_or(self.resolved.config.timers.default_replication_factor);
+        (asked as usize).clamp(1, self.cluster().nodes.len())
+    }
+
+    pub(super) fn placement(&self, unique: u64, factor: usize) -> Placement {
+        Placement::of(&self.cluster(), unique, factor)
+    }
+
+    pub(super) fn without_me(&self, mask: u64) -> u64 {
+        self.view.without_me(mask)
+    }
+
+    fn client_head(&self, id: TimerId, spec: &TimerSpec, pl: &Placement) -> TimerHead {
+        TimerHead {
+            id,
+            start_ms: clock::now_ms_ceil(),
+            version: self.next_version(),
+            interval_ms: spec.interval_ms,
+            repeat_for_ms: spec.repeat_for_ms,
+            sequence: 0,
+            view: self.view(),
+            replica_index: pl.my_index.unwrap_or(0),
+            replication_factor: pl.count as u8,
+        }
+    }
+
+    // ---- client operations (this node took the request) ----
+
+    /// `POST /timers`: a new timer with an ID owned by this shard, stored
+    /// here if this node is a replica (a tombstone otherwise) and replicated
+    /// to the other replicas.
+    pub fn create(&self, spec: &TimerSpec) -> Result<TimerId, OpError> {
+        let unique = self.store.borrow_mut().ids.next(clock::unix_ms());
+        assert_eq!(shard_of(unique, self.shards), self.id, "a POST never hops");
+        let pl = self.placement(unique, self.replication_factor(spec));
+        let id = TimerId {
+            unique,
+            bloom: pl.bloom,
+        };
+        let head = self.client_head(id, spec, &pl);
+        let local = pl.my_index.map(|_| spec);
+        self.apply(head, local, true)?;
+        self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()));
+        Ok(id)
+    }
+
+    /// `PUT /timers/<id>` from a client: the new replicas get the timer, and
+    /// old replicas named by the ID's bloom filter that are no longer
+    /// replicas get it as a tombstone (passive rebalancing, seed 001).
+    pub async fn client_update(
+        &self,
+        id: TimerId,
+        spec: TimerSpec<'_>,
+    ) -> Result<TimerId, OpError> {
+        let pl = self.placement(id.unique, self.replication_factor(&spec));
+        let new_id = TimerId {
+            unique: id.unique,
+            bloom: pl.bloom,
+        };
+        let head = self.client_head(new_id, &spec, &pl);
+        let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(id.bloom));
+        self.replicate_spec(&head, &spec, &pl, targets);
+        let local = pl.my_index.map(|_| spec);
+        self.route_apply(head, local, true).await?;
+        Ok(new_id)
+    }
+
+    /// `DELETE /timers/<id>` from a client: a tombstone here and on every
+    /// node the ID names. Idempotent.
+    pub async fn client_delete(&self, id: TimerId) -> Result<(), OpError> {
+        let head = TimerHead {
+            id,
+            start_ms: clock::now_ms_ceil(),
+            version: self.next_version(),
+            interval_ms: 0,
+            repeat_for_ms: 0,
+            sequence: 0,
+            view: self.view(),
+            replica_index: 0,
+            replication_factor: 1,
+        };
+        let named = self.cluster().bloom_matches(id.bloom);
+        let targets = self.without_me(named);
+        if targets != 0 {
+            let cluster = self.cluster();
+            let mut names = [""; NODES_MAX];
+            let mut n = 0;
+            for (i, node) in cluster.all_nodes().enumerate() {
+                if named & (1u64 << i) != 0 {
+                    names[n] = &node.address;
+                    n += 1;
+                }
+            }
+            self.send_replication(&cluster, &head, ("", ""), &[], &names[..n], targets);
+        }
+        self.route_apply(head, None, true).await
+    }
+
+    /// A replication `PUT` from another node (the body names `replicas`):
+    /// applied here under the conflict rules, never forwarded again.
+    pub async fn replica_update(
+        &self,
+        id: TimerId,
+        spec: TimerSpec<'_>,
+    ) -> Result<TimerId, OpError> {
+        let (head, is_replica) = self.replica_head(id, &spec);
+        ShardStats::add(&self.my_stats().replication_received, 1);
+        let local = (is_replica && !spec.is_tombstone()).then_some(spec);
+        self.route_apply(head, local, false).await?;
+        Ok(head.id)
+    }
+
+    /// The head a replication body describes, as this node stores it, and
+    /// whether this node is one of the `replicas` it names.
+    fn replica_head(&self, id: TimerId, spec: &TimerSpec) -> (TimerHead, bool) {
+        let r = spec
+            .replication
+            .as_ref()
+            .expect("replica_update is called for replication bodies");
+        let cluster = self.cluster();
+        let now = clock::now_ms_ceil();
+        let delta_ms = r
+            .start_time_delta_ms
+            .clamp(-(now as i64), i64::MAX - now as i64);
+        let start_ms = (now as i64 + delta_ms).max(0) as u64;
+        let version = r.version_us.unwrap_or_else(|| {
+            let delta_us = delta_ms.saturating_mul(1000);
+            (clock::unix_us() as i64).saturating_add(delta_us).max(0) as u64
+        });
+        let my_index = r
+            .replicas
+            .iter()
+            .position(|a| *a == cluster.local_address)
+            .map(|i| i as u8);
+        let bloom = r.replicas.iter().fold(0u64, |b, a| {
+            b | cluster
+                .peer_of(a)
+                .map(|p| cluster.node_at(p).bloom)
+                .unwrap_or_else(|| address_bloom(a))
+        });
+        let view = match r.cluster_view_id.as_deref() {
+            None => self.view(),
+            Some(text) => text.parse::<u64>().map(view_fingerprint).unwrap_or(0),
+        };
+        let head = TimerHead {
+            id: TimerId {
+                unique: id.unique,
+                bloom,
+            },
+            start_ms,
+            version,
+            interval_ms: spec.interval_ms,
+            repeat_for_ms: spec.repeat_for_ms,
+            sequence: r.sequence_number,
+            view,
+            replica_index: my_index.unwrap_or(0),
+            replication_factor: r.replicas.len().min(u8::MAX as usize) as u8,
+        };
+        (head, my_index.is_some())
+    }
+
+    // ---- the store (runs on the owning shard) ----
+
+    /// How long a tombstone is kept: one more interval, plus every
+    /// replica's skew, so stale messages from slower replicas find it.
+    pub fn tombstone_life_ms(&self, t: &Timer) -> u64 {
+        let interval = if t.interval_ms == 0 {
+            TOMBSTONE_MS_DEFAULT
+        } else {
+            t.interval_ms as u64
+        };
+        interval + self.skew_ms() * t.replication_factor.max(1) as u64
+    }
+
+    /// Store an incarnation (`spec: None` or an empty callback: a tombstone)
+    /// on the shard that owns its ID.
+    pub fn apply(
+        &self,
+        head: TimerHead,
+        spec: Option<&TimerSpec>,
+        from_client: bool,
+    ) -> Result<(), OpError> {
+        assert_eq!(
+            shard_of(head.id.unique, self.shards),
+            self.id,
+            "applied on its owner"
+        );
+        let unique = head.id.unique;
+        let tombstone = spec.is_none_or(|s| s.is_tombstone());
+        let mut store = self.store.borrow_mut();
+        let existing = store
+            .get(unique)
+            .map(|(due, t)| (due, t.head(), t.is_tombstone()));
+        if let Some((_, old, old_tomb)) = &existing {
+            let (current, past) = (self.view(), self.view.past());
+            if !from_client && !conflict::replaces(&head, tombstone, old, *old_tomb, current, &past)
+            {
+                ShardStats::add(&self.my_stats().replication_stale, 1);
+                return Ok(());
+            }
+        } else if store.len() >= self.resolved.config.timers.timers_per_shard_max {
+            return Err(OpError::new(
+                503,
+                "timer capacity of this shard is exhausted",
+            ));
+        }
+        let timer = match spec {
+            Some(s) if !tombstone => {
+                let mut tags = [(0u32, 0u32); TAGS_MAX];
+                let n = if s.tags.is_empty() {
+                    0
+                } else {
+                    store.intern_tags(&s.tags, &mut tags)
+                };
+                Timer::new(head, &s.uri, &s.opaque, &tags[..n])
+            }
+            _ => Timer::new(head, "", "", &[]),
+        };
+        let old_due = existing.map(|(due, _, _)| due);
+        let old = old_due.and_then(|_| store.remove(unique));
+        if from_client {
+            self.count_client_op(tombstone, old.as_ref().is_some_and(|t| !t.is_tombstone()));
+        }
+        let placed = self.place(&mut store, timer, old.as_ref(), old_due);
+        self.refresh_gauges(&store);
+        drop(store);
+        if let Some(due) = placed {
+            self.pop.wake_if_before(due);
+        }
+        Ok(())
+    }
+
+    fn count_client_op(&self, tombstone: bool, old_live: bool) {
+        let stats = self.my_stats();
+        match (tombstone, old_live) {
+            (false, false) => ShardStats::add(&stats.timers_created, 1),
+            (false, true) => ShardStats::add(&stats.timers_updated, 1),
+            (true, true) => ShardStats::add(&stats.timers_deleted, 1),
+            (true, false) => {}
+        }
+    }
+
+    /// Put `timer` in the wheel: at its next pop, or as a tombstone kept
+    /// one more life (nothing at all without peers: no stale message can
+    /// come). Returns the due time, if stored.
+    fn place(
+        &self,
+        store: &mut super::Store,
+        mut timer: Timer,
+        old: Option<&Timer>,
+        old_due: Option<u64>,
+    ) -> Option<u64> {
+        if !timer.is_tombstone() && timer.has_next_pop() {
+            let due = timer.next_pop_ms(self.skew_ms());
+            store.insert(due, timer);
+            return Some(due);
+        }
+        if !self.has_peers() {
+            return None;
+        }
+        if !timer.is_tombstone() {
+            timer = timer.to_tombstone();
+        }
+        if timer.interval_ms == 0 {
+            if let Some(o) = old {
+                timer.interval_ms = o.interval_ms;
+                timer.repeat_for_ms = o.repeat_for_ms;
+                timer.replication_factor = o.replication_factor;
+            }
+        }
+        let due = old_due.unwrap_or(0).max(clock::now_ms()) + self.tombstone_life_ms(&timer);
+        store.insert(due, timer);
+        Some(due)
+    }
+
+    /// Apply where the timer lives: here, or on its owner over the mesh.
+    pub async fn route_apply(
+        &self,
+        head: TimerHead,
+        spec: Option<TimerSpec<'_>>,
+        from_client: bool,
+    ) -> Result<(), OpError> {
+        let owner = shard_of(head.id.unique, self.shards);
+        if owner == self.id {
+            return self.apply(head, spec.as_ref(), from_client);
+        }
+        ShardStats::add(&self.my_stats().mesh_forwarded, 1);
+        let reply = self
+            .mesh
+            .ask(owner, |reply| MeshMsg::Apply {
+                head,
+                spec: spec.map(|s| Box::new(s.into_owned())),
+                from_client,
+                reply,
+            })
+            .await;
+        match reply {
+            Some(Reply::Applied(r)) => r,
+            _ => Err(OpError::new(503, "owning shard is unavailable")),
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Replication from this shard: the body of the internal `PUT /timers/<id>`
+//! is built in exactly one place ([`Shard::send_replication`]) from one
+//! incarnation's head, callback, tags and replica list, whichever operation
+//! sends it (create, update, delete, pop).
+
+use super::view::Placement;
+use super::Shard;
+use crate::cluster::replicate::Body;
+use crate::cluster::Cluster;
+use crate::runtime::clock;
+use crate::timer::spec::TAGS_MAX;
+use crate::timer::{TimerHead, TimerSpec};
+
+impl Shard {
+    /// Queue the replication `PUT` of one incarnation to every peer in
+    /// `targets`. An empty `callback` (`("", "")`) is a tombstone.
+    pub(super) fn send_replication(
+        &self,
+        cluster: &Cluster,
+        head: &TimerHead,
+        callback: (&str, &str),
+        tags: &[(&str, u32)],
+        replicas: &[&str],
+        targets: u64,
+    ) {
+        assert!(
+            !replicas.is_empty() || callback.0.is_empty(),
+            "a live timer has replicas"
+        );
+        assert!(tags.len() <= TAGS_MAX);
+        let body = Body {
+            interval_ms: head.interval_ms,
+            repeat_for_ms: head.repeat_for_ms,
+            start_time_delta_ms: head.start_ms as i64 - clock::now_ms() as i64,
+            sequence: head.sequence,
+            version_us: head.version,
+            uri: callback.0,
+            opaque: callback.1,
+            view_id: cluster.view_id,
+            replicas,
+            tags,
+        };
+        let mut rest = targets;
+        while rest != 0 {
+            let peer = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            self.replicator.send(peer, head.id, &body);
+        }
+    }
+
+    /// Send the replication message for a client operation to `targets`.
+    pub(super) fn replicate_spec(
+        &self,
+        head: &TimerHead,
+        spec: &TimerSpec,
+        pl: &Placement,
+        targets: u64,
+    ) {
+        if targets == 0 {
+            return;
+        }
+        let cluster = self.cluster();
+        let (names, n) = pl.names(&cluster);
+        let mut tags = [("", 0u32); TAGS_MAX];
+        let tag_count = spec.tags.len().min(TAGS_MAX);
+        for (slot, (name, count)) in tags.iter_mut().zip(&spec.tags) {
+            *slot = (name.as_ref(), *count);
+        }
+        let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
+        self.send_replication(
+            &cluster,
+            head,
+            callback,
+            &tags[..tag_count],
+            &names[..n],
+            targets,
+        );
+    }
+
+    /// After a successful callback: tell the other replicas that pop
+    /// `sequence` is done (or, after the final pop, send them a tombstone),
+    /// so that they skip it. Nothing is sent when the timer has since been
+    /// replaced or deleted: that operation replicated itself.
+    ///
+    /// Passive rebalancing (seed 001): the message goes to the timer's
+    /// replicas under the current cluster view and to every node its ID
+    /// names, and this node's own copy is re-placed under the current view:
+    /// a tombstone if this node is no longer one of its replicas, re-skewed
+    /// if its place in the list changed.
+    pub fn replicate_pop(&self, unique: u64, version: u64, sequence: u32) {
+        if !self.has_peers() {
+            return;
+        }
+        let Some(pl) = self.send_pop(unique, version, sequence) else {
+            return;
+        };
+        let mut store = self.store.borrow_mut();
+        let Some((_, t)) = store.get(unique) else {
+            return;
+        };
+        let view = self.view();
+        let placed = t.view == view && t.bloom == pl.bloom && pl.my_index == Some(t.replica_index);
+        if placed || t.is_tombstone() {
+            return;
+        }
+        let mut timer = store.remove(unique).expect("just found");
+        timer.view = view;
+        timer.bloom = pl.bloom;
+        let due_ms = match pl.my_index {
+            Some(index) => {
+                timer.replica_index = index;
+                timer.next_pop_ms(self.skew_ms())
+            }
+            None => {
+                // No longer a replica: a tombstone of the current view, so
+                // a late message from a node still on the old view cannot
+                // bring the timer back here.
+                timer = timer.to_tombstone();
+                clock::now_ms() + self.tombstone_life_ms(&timer)
+            }
+        };
+        store.insert(due_ms, timer);
+        self.pop.wake_if_before(due_ms);
+        self.refresh_gauges(&store);
+    }
+
+    /// The replication half of [`Shard::replicate_pop`]: the placement
+    /// under the current view, or `None` if the timer has moved on.
+    fn send_pop(&self, unique: u64, version: u64, sequence: u32) -> Option<Placement> {
+        let store = self.store.borrow();
+        let (_, t) = store.get(unique)?;
+        if t.version != version || t.sequence != sequence {
+            return None;
+        }
+        let pl = self.placement(unique, t.replication_factor as usize);
+        let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
+        if targets == 0 {
+            return Some(pl);
+        }
+        let cluster = self.cluster();
+        let (names, n) = pl.names(&cluster);
+        let mut tags = [("", 0u32); TAGS_MAX];
+        let mut tag_count = 0;
+        for (slot, (index, count)) in tags.iter_mut().zip(t.tags()) {
+            *slot = (store.tag_name(index), count);
+            tag_count += 1;
+        }
+        let head = t.head();
+        let callback = (t.uri(), t.opaque());
+        self.send_replication(
+            &cluster,
+            &head,
+            callback,
+            &tags[..tag_count],
+            &names[..n],
+            targets,
+        );
+        Some(pl)
+    }
+}

@@ -1,0 +1,317 @@
+//! The architecture rule, checked on the source: every module of `src/`
+//! names only the modules the README's layer table lets it name, and no
+//! function in `src/` runs past 70 lines.
+//!
+//! The table is read from README.md (section "Layers"), so the rule an
+//! operator reads is the rule the build keeps. A module "names" another
+//! when its code (comments excluded, tests included) says `crate::other`,
+//! `crate::{.., other, ..}`, or, in a top-level `mod.rs`, `super::other`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Longest function allowed, in lines from its `fn` line to its closing
+/// brace, both included.
+const FUNCTION_LINES_MAX: usize = 70;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `module -> modules it may name`, from the README's layer table: rows
+/// `| `module` | `a`, `b`, ... |` between the "### Layers" heading and the
+/// next heading.
+fn rule() -> BTreeMap<String, BTreeSet<String>> {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let section = readme
+        .split("### Layers")
+        .nth(1)
+        .expect("README.md has a '### Layers' section");
+    let section = section.split("\n#").next().unwrap_or(section);
+    let mut rule = BTreeMap::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        assert!(cells.len() >= 4, "layer row {line:?} has too few cells");
+        let module = cells[1].trim_matches('`').to_string();
+        let allowed = cells[2]
+            .split(',')
+            .map(|c| c.trim().trim_matches('`').to_string())
+            .filter(|c| !c.is_empty() && c != "nothing")
+            .collect();
+        rule.insert(module, allowed);
+    }
+    assert!(rule.len() >= 10, "the layer table lists every module");
+    rule
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable src dir") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file of `src/` belongs to (`None`: the crate
+/// root or the binary).
+fn module_of(path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(root().join("src")).expect("under src");
+    let first = rel.components().next()?.as_os_str().to_str()?.to_string();
+    match first.strip_suffix(".rs") {
+        Some("lib" | "main") => None,
+        Some(name) => Some(name.to_string()),
+        None => Some(first),
+    }
+}
+
+/// The code with comments, string and char literals blanked (newlines
+/// kept), so that braces and names inside them do not count.
+fn strip(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    let blank = |out: &mut Vec<u8>, c: u8| out.push(if c == b'\n' { b'\n' } else { b' ' });
+    while i < b.len() {
+        if b[i..].starts_with(b"//") {
+            while i < b.len() && b[i] != b'\n' {
+                blank(&mut out, b[i]);
+                i += 1;
+            }
+        } else if b[i..].starts_with(b"/*") {
+            while i < b.len() && !b[i..].starts_with(b"*/") {
+                blank(&mut out, b[i]);
+                i += 1;
+            }
+            out.extend_from_slice(b"  ");
+            i = (i + 2).min(b.len());
+        } else if b[i] == b'r' && (b[i..].starts_with(b"r\"") || b[i..].starts_with(b"r#")) {
+            let hashes = b[i + 1..].iter().take_while(|c| **c == b'#').count();
+            if b.get(i + 1 + hashes) != Some(&b'"') {
+                out.push(b[i]);
+                i += 1;
+                continue;
+            }
+            let mut close = vec![b'"'];
+            close.extend(std::iter::repeat_n(b'#', hashes));
+            let start = i;
+            i += 2 + hashes;
+            while i < b.len() && !b[i..].starts_with(&close) {
+                i += 1;
+            }
+            i = (i + close.len()).min(b.len());
+            for &c in &b[start..i] {
+                blank(&mut out, c);
+            }
+        } else if b[i] == b'"' {
+            let start = i;
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i = (i + 1).min(b.len());
+            for &c in &b[start..i] {
+                blank(&mut out, c);
+            }
+        } else if b[i] == b'\'' {
+            // A char literal ('x', '\n', '\u{..}') or a lifetime ('a).
+            let end = if b.get(i + 1) == Some(&b'\\') {
+                b[i + 2..]
+                    .iter()
+                    .position(|c| *c == b'\'')
+                    .map(|p| i + 3 + p)
+            } else if b.get(i + 2) == Some(&b'\'') {
+                Some(i + 3)
+            } else {
+                None
+            };
+            match end {
+                Some(end) => {
+                    for &c in &b[i..end] {
+                        blank(&mut out, c);
+                    }
+                    i = end;
+                }
+                None => {
+                    out.push(b[i]);
+                    i += 1;
+                }
+            }
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).expect("ASCII blanks keep UTF-8")
+}
+
+fn ident_at(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The crate modules a file's code names.
+fn named(code: &str, is_top_mod_rs: bool) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut prefixes = vec!["crate::"];
+    if is_top_mod_rs {
+        prefixes.push("super::");
+    }
+    for prefix in prefixes {
+        for (at, _) in code.match_indices(prefix) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            let rest = code[at + prefix.len()..].trim_start();
+            if let Some(group) = rest.strip_prefix('{') {
+                // Top-level names of a `{a, b::c, d::{e}}` group.
+                let mut depth = 0;
+                let mut item_start = true;
+                for (j, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => item_start = true,
+                        c if item_start && !c.is_whitespace() => {
+                            item_start = false;
+                            names.insert(ident_at(&group[j..]).to_string());
+                        }
+                        _ => {}
+                    }
+                }
+            } else {
+                names.insert(ident_at(rest).to_string());
+            }
+        }
+    }
+    names.retain(|n| !n.is_empty() && n != "self" && n != "super");
+    names
+}
+
+/// `(name, first line, length)` of every function longer than the limit.
+fn long_functions(code: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let Some(at) = line.find("fn ") else {
+            continue;
+        };
+        let before = line[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let name = ident_at(&line[at + 3..]).to_string();
+        if name.is_empty() {
+            continue;
+        }
+        // The body starts at the first `{` before any `;` (a declaration
+        // without a body ends at `;`).
+        let mut depth = 0i32;
+        let mut opened = false;
+        let mut end = None;
+        'scan: for (m, l) in lines.iter().enumerate().skip(n) {
+            let from = if m == n { at } else { 0 };
+            for c in l[from..].chars() {
+                match c {
+                    ';' if !opened => break 'scan,
+                    '{' => {
+                        opened = true;
+                        depth += 1;
+                    }
+                    '}' if opened => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = Some(m);
+                            break 'scan;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some(end) = end {
+            let len = end - n + 1;
+            if len > FUNCTION_LINES_MAX {
+                found.push((name, n + 1, len));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn modules_name_only_the_layers_beneath_them() {
+    let rule = rule();
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    files.sort();
+    let mut violations = Vec::new();
+    for file in &files {
+        let Some(module) = module_of(file) else {
+            continue;
+        };
+        let Some(allowed) = rule.get(&module) else {
+            violations.push(format!(
+                "{}: module {module} is not in the README's layer table",
+                file.display()
+            ));
+            continue;
+        };
+        let code = strip(&std::fs::read_to_string(file).expect("source file"));
+        let rel = file.strip_prefix(root().join("src")).expect("under src");
+        let is_top_mod_rs = rel.components().count() == 2 && rel.ends_with("mod.rs");
+        for name in named(&code, is_top_mod_rs) {
+            if name != module && !allowed.contains(&name) {
+                violations.push(format!("{}: {module} names {name}", rel.display()));
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "{} layer violations:\n{}",
+        violations.len(),
+        violations.join("\n")
+    );
+}
+
+#[test]
+fn functions_are_at_most_70_lines() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    files.sort();
+    let mut long = Vec::new();
+    for file in &files {
+        let code = strip(&std::fs::read_to_string(file).expect("source file"));
+        let rel = file.strip_prefix(root().join("src")).expect("under src");
+        for (name, line, len) in long_functions(&code) {
+            long.push(format!("{}:{line}: {name} is {len} lines", rel.display()));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "{} functions over {FUNCTION_LINES_MAX} lines:\n{}",
+        long.len(),
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_sees_what_it_must() {
+    let code = strip("use crate::{a, b::c, d::{e, f}};\n// crate::hidden\nlet s = \"crate::str\";\nx = crate::g::h();\n");
+    let got: Vec<String> = named(&code, false).into_iter().collect();
+    assert_eq!(got, ["a", "b", "d", "g"]);
+    let top = named("use super::shard::Shard;", true);
+    assert!(top.contains("shard"));
+    assert!(named("use super::x;", false).is_empty());
+    let body: String = (0..71).map(|_| "    x();\n").collect();
+    let long = format!("fn big() {{\n{body}}}\nfn small() {{ '{{'; }}\n");
+    let found = long_functions(&strip(&long));
+    assert_eq!(found, [("big".to_string(), 1, 73)]);
+    assert!(long_functions(&strip("fn decl(x: u8);\nfn f<'a>(x: &'a str) {}\n")).is_empty());
+}
