@@ -101,8 +101,6 @@ pub struct ClusterConfig {
     pub node: Vec<String>,
     pub joining: Vec<String>,
     pub leaving: Vec<String>,
-    /// Identity bits in timer IDs (0..=1023). Default: derived from `localhost`.
-    pub instance_id: Option<u16>,
     /// A batch of replication messages to one peer must be answered within this.
     pub replication_timeout_ms: u64,
     /// Replication messages waiting per peer and shard; beyond it they are dropped.
@@ -116,11 +114,24 @@ impl Default for ClusterConfig {
             node: Vec::new(),
             joining: Vec::new(),
             leaving: Vec::new(),
-            instance_id: None,
             replication_timeout_ms: 2000,
             replication_queue_max: 16_384,
         }
     }
+}
+
+/// `[identity]`, with the reference's key names: the 10 identity bits of
+/// every timer ID this node hands out are `deployment_id` (3 bits) over
+/// `instance_id` (7 bits).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdentityConfig {
+    /// 0..=127. Default: derived from the member list, distinct for every
+    /// member (`Cluster::member_instances`). Set it only to pin a value; one
+    /// that another member derives is refused.
+    pub instance_id: Option<u8>,
+    /// 0..=7: tells deployments (sites) apart; default 0.
+    pub deployment_id: u8,
 }
 
 /// `[timers]`
@@ -182,6 +193,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub runtime: RuntimeConfig,
     pub cluster: ClusterConfig,
+    pub identity: IdentityConfig,
     pub timers: TimersConfig,
     pub log: LogConfig,
     pub queue: Option<QueueConfig>,
@@ -311,7 +323,8 @@ impl Config {
     pub fn resolve(self, available_cores: usize) -> Result<Resolved, String> {
         let (ip, shards) = self.check_engine(available_cores)?;
         self.check_limits()?;
-        let (cluster, instance_id) = self.resolve_cluster(ip)?;
+        let cluster = self.resolve_cluster(ip)?;
+        let instance_id = self.resolve_instance(&cluster)?;
         assert!(shards >= 1 && shards <= available_cores);
         Ok(Resolved {
             config: self,
@@ -386,8 +399,8 @@ impl Config {
         }
     }
 
-    /// The cluster this node is a member of, and its instance ID.
-    fn resolve_cluster(&self, ip: IpAddr) -> Result<(Cluster, u16), String> {
+    /// The cluster this node is a member of.
+    fn resolve_cluster(&self, ip: IpAddr) -> Result<Cluster, String> {
         let localhost = match &self.cluster.localhost {
             Some(l) => l.clone(),
             None if ip.is_unspecified() => return Err(
@@ -402,25 +415,87 @@ impl Config {
             self.cluster.node.clone()
         };
         nodes.extend(self.cluster.joining.iter().cloned());
-        let cluster = Cluster::new(&localhost, &nodes, &self.cluster.leaving)
-            .map_err(|e| format!("[cluster] {e}"))?;
-        let instance_id = match self.cluster.instance_id {
-            Some(id) if id > crate::timer::INSTANCE_ID_MAX => {
+        Cluster::new(&localhost, &nodes, &self.cluster.leaving)
+            .map_err(|e| format!("[cluster] {e}"))
+    }
+
+    /// The 10-bit instance field of this node's timer IDs. An explicit
+    /// `instance_id` that another member derives from the member list
+    /// would hand out that member's IDs: refused, naming both.
+    pub fn resolve_instance(&self, cluster: &Cluster) -> Result<u16, String> {
+        use crate::timer::{instance_field, DEPLOYMENT_ID_MAX, NODE_INSTANCE_MAX};
+        let identity = &self.identity;
+        if identity.deployment_id > DEPLOYMENT_ID_MAX {
+            return Err(format!(
+                "[identity] deployment_id must be at most {DEPLOYMENT_ID_MAX}"
+            ));
+        }
+        let instance = match identity.instance_id {
+            None => cluster.local_instance(),
+            Some(id) if id > NODE_INSTANCE_MAX => {
                 return Err(format!(
-                    "[cluster] instance-id must be at most {}",
-                    crate::timer::INSTANCE_ID_MAX
+                    "[identity] instance_id must be at most {NODE_INSTANCE_MAX}"
                 ))
             }
-            Some(id) => id,
-            None => crate::timer::instance_id_for(&localhost),
+            Some(id) => {
+                let local = cluster.local_address.as_str();
+                let clash = cluster
+                    .member_instances()
+                    .into_iter()
+                    .find(|&(address, derived)| derived == id && address != local);
+                if let Some((other, _)) = clash {
+                    return Err(format!(
+                        "[identity] instance_id {id} of {local} is the instance ID {other} derives from the member list: both would hand out the same timer IDs; choose another, or leave it unset on every node"
+                    ));
+                }
+                id
+            }
         };
-        Ok((cluster, instance_id))
+        Ok(instance_field(identity.deployment_id, instance))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn two_node(identity: &str) -> Result<Resolved, String> {
+        let text = format!(
+            "[cluster]\nlocalhost = \"10.0.0.1:7253\"\nnode = [\"10.0.0.1:7253\", \"10.0.0.2:7253\"]\n[http]\nbind-address = \"10.0.0.1\"\n{identity}"
+        );
+        Config::from_toml(&text)?.resolve(1)
+    }
+
+    #[test]
+    fn identity_takes_the_reference_keys_and_refuses_a_collision() {
+        let derived = two_node("").unwrap();
+        let peer = derived
+            .cluster
+            .member_instances()
+            .into_iter()
+            .find(|m| m.0 == "10.0.0.2:7253")
+            .unwrap()
+            .1;
+        assert_eq!(derived.instance_id, derived.cluster.local_instance() as u16);
+        let pinned = two_node(&format!(
+            "[identity]\ninstance_id = {}\ndeployment_id = 5",
+            (peer + 1) % 128
+        ))
+        .unwrap();
+        assert_eq!(pinned.instance_id, 5 * 128 + ((peer as u16 + 1) % 128));
+        let clash = two_node(&format!("[identity]\ninstance_id = {peer}")).unwrap_err();
+        assert!(
+            clash.contains("10.0.0.1:7253") && clash.contains("10.0.0.2:7253"),
+            "{clash}"
+        );
+        for (bad, why) in [
+            ("instance_id = 128", "instance_id"),
+            ("deployment_id = 8", "deployment_id"),
+        ] {
+            let e = two_node(&format!("[identity]\n{bad}")).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+    }
 
     #[test]
     fn embedded_default_is_single_node_on_7253() {

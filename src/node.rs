@@ -42,7 +42,14 @@ struct NodeShared {
     stats: Arc<[ShardStats]>,
     queue: Option<Arc<QueueShared>>,
     /// Shard `i`'s end of the reload channel.
-    reloads: Vec<async_channel::Receiver<Arc<Cluster>>>,
+    reloads: Vec<async_channel::Receiver<Arc<Reloaded>>>,
+}
+
+/// What a reload hands every shard: the new cluster and this node's
+/// instance field under it (derived from the member list, so it may move).
+struct Reloaded {
+    cluster: Cluster,
+    instance_id: u16,
 }
 
 /// Run a node until shutdown.
@@ -62,9 +69,13 @@ pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
             .unwrap_or(CHANNEL_CAPACITY),
     };
     let (reload_tx, reloads): (Vec<_>, Vec<_>) = (0..shards)
-        .map(|_| async_channel::bounded::<Arc<Cluster>>(RELOADS_QUEUED_MAX))
+        .map(|_| async_channel::bounded::<Arc<Reloaded>>(RELOADS_QUEUED_MAX))
         .unzip();
-    let hook = signal_hook(reload, resolved.cluster.clone(), reload_tx);
+    let current = Reloaded {
+        cluster: resolved.cluster.clone(),
+        instance_id: resolved.instance_id,
+    };
+    let hook = signal_hook(reload, current, reload_tx);
     let queue = match &resolved.config.queue {
         Some(q) => Some(QueueShared::start(q, shards)?),
         None => None,
@@ -140,9 +151,10 @@ fn ready_check(node: &Arc<NodeShared>) -> ReadyCheck {
 }
 
 /// Apply reloaded clusters (SIGHUP) until shutdown.
-async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Cluster>>) {
-    while let Some(Ok(cluster)) = shard.gate.unless_closing(reloads.recv()).await {
-        shard.set_cluster(&cluster);
+async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Reloaded>>) {
+    while let Some(Ok(next)) = shard.gate.unless_closing(reloads.recv()).await {
+        shard.set_cluster(&next.cluster);
+        shard.store.borrow_mut().ids.set_instance(next.instance_id);
     }
 }
 
@@ -181,8 +193,8 @@ fn on_mesh(shard: &Shard, msg: MeshMsg) {
 /// (seed 003) is not built yet, which the log says.
 fn signal_hook(
     reload: Reload,
-    mut current: Cluster,
-    shards: Vec<async_channel::Sender<Arc<Cluster>>>,
+    mut current: Reloaded,
+    shards: Vec<async_channel::Sender<Arc<Reloaded>>>,
 ) -> SignalHook {
     Box::new(move |signal| {
         if signal == SIGUSR1 {
@@ -195,20 +207,31 @@ fn signal_hook(
                 tracing::error!(target: "chronos::node", "SIGHUP: the configuration is invalid, keeping the current one: {e}");
                 return;
             }
-            Ok(next) => next.cluster,
+            Ok(next) => Reloaded {
+                cluster: next.cluster,
+                instance_id: next.instance_id,
+            },
         };
-        if next.local_address != current.local_address {
-            tracing::error!(target: "chronos::node", "SIGHUP: this node's address would change ({} to {}), which needs a restart; keeping the current cluster", current.local_address, next.local_address);
+        let (was, now) = (&current.cluster, &next.cluster);
+        if now.local_address != was.local_address {
+            tracing::error!(target: "chronos::node", "SIGHUP: this node's address would change ({} to {}), which needs a restart; keeping the current cluster", was.local_address, now.local_address);
             return;
+        }
+        if next.instance_id != current.instance_id {
+            tracing::warn!(target: "chronos::node", "SIGHUP: this node's instance ID moves from {} to {} under the new member list", current.instance_id, next.instance_id);
         }
         tracing::info!(
             target: "chronos::node",
-            nodes = ?next.nodes.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
-            leaving = ?next.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
-            cluster_view_id = %next.view_id,
-            "SIGHUP: cluster reloaded (settings outside [cluster] take a restart)"
+            nodes = ?now.nodes.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
+            leaving = ?now.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
+            cluster_view_id = %now.view_id,
+            instance_id = next.instance_id,
+            "SIGHUP: cluster reloaded (settings outside [cluster] and [identity] take a restart)"
         );
-        let shared = Arc::new(next.clone());
+        let shared = Arc::new(Reloaded {
+            cluster: next.cluster.clone(),
+            instance_id: next.instance_id,
+        });
         for (i, tx) in shards.iter().enumerate() {
             if tx.try_send(shared.clone()).is_err() {
                 tracing::error!(target: "chronos::node", "SIGHUP: shard {i} has {RELOADS_QUEUED_MAX} reloads pending; this one is dropped there");

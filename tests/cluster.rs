@@ -450,3 +450,65 @@ fn sighup_scale_down_drains_the_leaving_node() {
     );
     assert_each_sequence_once(&sink.pops(), "/d/");
 }
+
+/// Issue 13: the old default instance ID was a 10-bit hash of the node's
+/// address, so two members whose addresses share a bucket handed out the
+/// same IDs (and one client's timer replaced another's). Pick a port where
+/// 127.0.0.1 and 127.0.0.2 share that bucket and create on both at once.
+#[test]
+fn two_nodes_whose_addresses_hash_alike_hand_out_distinct_ids() {
+    let old_bucket = |addr: &str| chronos::murmur::murmur3_x86_32(addr.as_bytes(), 0x1d) & 1023;
+    let port = (0..100_000)
+        .map(|_| cluster_port(2))
+        .find(|p| old_bucket(&format!("127.0.0.1:{p}")) == old_bucket(&format!("127.0.0.2:{p}")))
+        .expect("a free port whose two addresses share a bucket");
+    let nodes: Vec<Node> = (1..=2)
+        .map(|i| {
+            Node::start_at(
+                &format!("127.0.0.{i}"),
+                port,
+                &cluster_config(2, i, port, 1, ""),
+            )
+        })
+        .collect();
+    let per_node = 1500;
+    let ids: Vec<Vec<String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                s.spawn(move || {
+                    (0..per_node)
+                        .map(|i| {
+                            node.create(&body(
+                                "600",
+                                None,
+                                &format!("http://127.0.0.1:9/{i}"),
+                                "x",
+                                1,
+                            ))
+                        })
+                        .collect::<Vec<String>>()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut seen = std::collections::HashSet::new();
+    let mut duplicates = 0;
+    for id in ids.iter().flatten() {
+        // The unique part: the bloom half differs by replica choice.
+        if !seen.insert(id[..16].to_string()) {
+            duplicates += 1;
+        }
+    }
+    assert_eq!(duplicates, 0, "IDs handed out twice across the two nodes");
+    let stored: f64 = nodes
+        .iter()
+        .map(|n| n.metric("chronos_timers_pending") - n.metric("chronos_tombstones"))
+        .sum();
+    assert_eq!(
+        stored as usize,
+        2 * per_node,
+        "every created timer is held once"
+    );
+}

@@ -17,6 +17,16 @@ use std::net::SocketAddr;
 
 pub use crate::timer::NODES_MAX;
 
+/// Instance IDs a cluster's members derive (7 bits: the reference's
+/// `[identity] instance_id` range).
+pub const MEMBER_INSTANCES: usize = 128;
+const _: () = assert!(NODES_MAX <= MEMBER_INSTANCES);
+
+/// Where a member's instance ID search starts: a hash of its address.
+fn home_instance(address: &str) -> usize {
+    murmur3_x86_32(address.as_bytes(), 0x1d) as usize % MEMBER_INSTANCES
+}
+
 /// One member of the cluster.
 #[derive(Clone, Debug)]
 pub struct Node {
@@ -186,6 +196,44 @@ impl Cluster {
         mask
     }
 
+    /// The instance ID (`0..MEMBER_INSTANCES`) each member derives from the
+    /// member list (`nodes` then `leaving`, any order): members sorted by
+    /// (home slot, address), each taking the first free slot from its home
+    /// (a hash of its address) on. Distinct by construction, the same on
+    /// every node that holds the same list, and stable when members come
+    /// and go unless a newcomer's probe takes an existing member's slot.
+    pub fn member_instances(&self) -> Vec<(&str, u8)> {
+        let mut members: Vec<(usize, &str)> = self
+            .all_nodes()
+            .map(|n| (home_instance(&n.address), n.address.as_str()))
+            .collect();
+        members.sort_unstable();
+        let mut taken = [false; MEMBER_INSTANCES];
+        let mut out = Vec::with_capacity(members.len());
+        for (home, address) in members {
+            assert!(
+                out.len() < MEMBER_INSTANCES,
+                "more members than instance IDs"
+            );
+            let slot = (0..MEMBER_INSTANCES)
+                .map(|k| (home + k) % MEMBER_INSTANCES)
+                .find(|&s| !taken[s])
+                .expect("a free slot: fewer members than slots");
+            taken[slot] = true;
+            out.push((address, slot as u8));
+        }
+        out
+    }
+
+    /// This node's derived instance ID (see `member_instances`).
+    pub fn local_instance(&self) -> u8 {
+        self.member_instances()
+            .into_iter()
+            .find(|(a, _)| *a == self.local_address)
+            .map(|(_, i)| i)
+            .expect("the local node is a member or leaving")
+    }
+
     /// The bloom filter of a replica set.
     pub fn bloom_of(&self, replicas: &[usize]) -> u64 {
         replicas.iter().fold(0, |acc, &i| acc | self.nodes[i].bloom)
@@ -202,6 +250,51 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         Cluster::new("10.0.0.1:7253", &nodes, &[]).unwrap()
+    }
+
+    #[test]
+    fn member_instances_are_distinct_and_independent_of_list_order() {
+        // 64 members on one port: many share a home slot.
+        let all: Vec<String> = (1..=64).map(|i| format!("10.0.0.{i}:7253")).collect();
+        let (nodes, leaving) = all.split_at(50);
+        let a = Cluster::new(&all[0], nodes, leaving).unwrap();
+        let ids = a.member_instances();
+        assert_eq!(ids.len(), 64);
+        let mut seen = [false; MEMBER_INSTANCES];
+        for &(_, id) in &ids {
+            assert!(
+                !std::mem::replace(&mut seen[id as usize], true),
+                "{id} twice"
+            );
+        }
+        let mut reversed: Vec<String> = nodes.to_vec();
+        reversed.reverse();
+        let b = Cluster::new(&all[63], &reversed, leaving).unwrap();
+        let mut x = ids.clone();
+        let mut y = b.member_instances();
+        x.sort();
+        y.sort();
+        assert_eq!(x, y, "every node derives the same assignment");
+        assert_eq!(
+            a.local_instance(),
+            ids.iter().find(|m| m.0 == all[0]).unwrap().1
+        );
+    }
+
+    #[test]
+    fn a_newcomer_leaves_existing_instances_alone_unless_it_takes_their_slot() {
+        let old: Vec<String> = (1..=3).map(|i| format!("10.0.0.{i}:7253")).collect();
+        let small = Cluster::new(&old[0], &old, &[]).unwrap();
+        let before = small.member_instances();
+        let mut grown = old.clone();
+        grown.push("10.0.0.200:7253".into());
+        let big = Cluster::new(&old[0], &grown, &[]).unwrap();
+        let after = big.member_instances();
+        let newcomer_home = home_instance("10.0.0.200:7253");
+        for (address, id) in before {
+            let moved = after.iter().find(|m| m.0 == address).unwrap().1 != id;
+            assert!(!moved || id as usize == newcomer_home, "{address} moved");
+        }
     }
 
     fn addrs(c: &Cluster, replicas: Vec<usize>) -> Vec<&str> {

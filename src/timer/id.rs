@@ -11,8 +11,6 @@
 //! so shards never collide, a `POST` never hops, and one node can issue 8,192
 //! IDs per ms (8 M/s) before it borrows the next millisecond.
 
-use crate::murmur::murmur3_x86_32;
-
 /// 2024-01-01T00:00:00Z in Unix milliseconds.
 pub const ID_EPOCH_UNIX_MS: u64 = 1_704_067_200_000;
 const SEQ_BITS: u32 = 13;
@@ -85,9 +83,18 @@ pub fn index_hash(unique: u64) -> u64 {
     mix(unique ^ 0x9e37_79b9_7f4a_7c15)
 }
 
-/// The default instance ID of a node: a hash of its `"ip:port"`.
-pub fn instance_id_for(address: &str) -> u16 {
-    (murmur3_x86_32(address.as_bytes(), 0x1d) & INSTANCE_ID_MAX as u32) as u16
+/// Bits of the instance field that name a node within its deployment.
+pub const NODE_INSTANCE_BITS: u32 = 7;
+/// The largest deployment ID (the instance field's top 3 bits).
+pub const DEPLOYMENT_ID_MAX: u8 = (1 << (INSTANCE_BITS - NODE_INSTANCE_BITS)) - 1;
+/// The largest node instance ID within a deployment.
+pub const NODE_INSTANCE_MAX: u8 = (1 << NODE_INSTANCE_BITS) - 1;
+
+/// The 10-bit instance field of a node: `deployment (3 bits) | instance (7 bits)`,
+/// as the reference's `[identity] deployment_id` and `instance_id`.
+pub fn instance_field(deployment_id: u8, instance_id: u8) -> u16 {
+    assert!(deployment_id <= DEPLOYMENT_ID_MAX && instance_id <= NODE_INSTANCE_MAX);
+    ((deployment_id as u16) << NODE_INSTANCE_BITS) | instance_id as u16
 }
 
 /// Per-shard ID generator.
@@ -112,7 +119,16 @@ impl IdGenerator {
         }
     }
 
-    /// A fresh unique ID owned by this shard. `unix_ms` is the wall clock.
+    /// The instance field changed (a reload moved this node's derived ID).
+    /// The millisecond part stays monotonic across the change.
+    pub fn set_instance(&mut self, instance: u16) {
+        assert!(instance <= INSTANCE_ID_MAX);
+        self.instance = instance as u64;
+    }
+
+    /// A fresh unique ID owned by this shard. `unix_ms` is the wall clock;
+    /// when it steps backwards the generator keeps counting from the last
+    /// millisecond it used, so its IDs never repeat within a process.
     pub fn next(&mut self, unix_ms: u64) -> u64 {
         let ms = unix_ms.saturating_sub(ID_EPOCH_UNIX_MS) & ((1 << MS_BITS) - 1);
         if ms > self.ms {
@@ -179,6 +195,28 @@ mod tests {
             assert_eq!(shard_of(id, shards), s);
             assert!(seen.insert(id), "duplicate id {id:#x}");
         }
+    }
+
+    #[test]
+    fn a_wall_clock_stepping_back_never_repeats_an_id() {
+        let mut g = IdGenerator::new(3, 0, 1);
+        let now = ID_EPOCH_UNIX_MS + 10_000;
+        let mut last = 0;
+        for t in [now, now, now - 5_000, now - 9_000, now + 1, now - 1] {
+            let id = g.next(t);
+            assert!(id > last, "{id:#x} after {last:#x}");
+            last = id;
+        }
+    }
+
+    #[test]
+    fn instance_field_packs_deployment_over_instance() {
+        assert_eq!(instance_field(0, 0), 0);
+        assert_eq!(instance_field(1, 5), 128 + 5);
+        assert_eq!(
+            instance_field(DEPLOYMENT_ID_MAX, NODE_INSTANCE_MAX),
+            INSTANCE_ID_MAX
+        );
     }
 
     #[test]

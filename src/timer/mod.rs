@@ -3,7 +3,10 @@
 pub mod id;
 pub mod spec;
 
-pub use id::{instance_id_for, shard_of, IdGenerator, TimerId, INSTANCE_ID_MAX};
+pub use id::{
+    instance_field, shard_of, IdGenerator, TimerId, DEPLOYMENT_ID_MAX, INSTANCE_ID_MAX,
+    NODE_INSTANCE_MAX,
+};
 pub use spec::TimerSpec;
 
 /// The largest cluster a timer ID can name: a replica set is a 64-bit
