@@ -15,12 +15,16 @@
 //! joining = []
 //! leaving = []
 //! [timers]
-//! callback-timeout-ms = 2000
+//! callback-timeout-ms = 1500
 //! ```
 
 use crate::cluster::Cluster;
 use serde::Deserialize;
 use std::net::IpAddr;
+
+/// What the skew rule leaves for a pop's replication to reach the next
+/// replica (a loopback or LAN round trip is well under it).
+pub const POP_REPLICATION_ALLOWANCE_MS: u64 = 250;
 
 /// `[http]`
 #[derive(Clone, Debug, Deserialize)]
@@ -138,8 +142,13 @@ pub struct IdentityConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct TimersConfig {
-    /// Total time a callback may take (connect, send, response).
+    /// Total time a callback may take (connect, send, response), counted
+    /// from the send.
     pub callback_timeout_ms: u64,
+    /// Longest a pop that has a later replica waits for a connection to its
+    /// target; past it the pop is left to that replica. The last replica
+    /// waits as long as it takes (late, not failed).
+    pub callback_wait_ms: u64,
     /// Time to establish a callback connection (within the total).
     pub callback_connect_timeout_ms: u64,
     /// Callbacks in flight per shard; a pop beyond it counts as a failed callback.
@@ -157,7 +166,8 @@ pub struct TimersConfig {
 impl Default for TimersConfig {
     fn default() -> Self {
         TimersConfig {
-            callback_timeout_ms: 2000,
+            callback_timeout_ms: 1500,
+            callback_wait_ms: 250,
             callback_connect_timeout_ms: 500,
             callback_in_flight_max: 4096,
             callback_connections_per_host_max: 64,
@@ -325,6 +335,7 @@ impl Config {
         self.check_limits()?;
         let cluster = self.resolve_cluster(ip)?;
         let instance_id = self.resolve_instance(&cluster)?;
+        self.check_skew_rule(&cluster)?;
         assert!(shards >= 1 && shards <= available_cores);
         Ok(Resolved {
             config: self,
@@ -397,6 +408,25 @@ impl Config {
             Some(q) => q.check(),
             None => Ok(()),
         }
+    }
+
+    /// The skew rule (tuning.md): in a cluster, a backup must not pop while
+    /// the replica before it may still call back successfully. The slowest
+    /// success is the wait for a connection plus the callback timeout; the
+    /// pop's replication to the backup then needs its round trip.
+    fn check_skew_rule(&self, cluster: &Cluster) -> Result<(), String> {
+        let t = &self.timers;
+        if cluster.nodes.len() + cluster.leaving.len() < 2 {
+            return Ok(());
+        }
+        let slowest_ms = t.callback_wait_ms + t.callback_timeout_ms + POP_REPLICATION_ALLOWANCE_MS;
+        if slowest_ms > t.replica_skew_ms {
+            return Err(format!(
+                "[timers] replica-skew-ms {} must cover callback-wait-ms {} + callback-timeout-ms {} + {POP_REPLICATION_ALLOWANCE_MS} ms for the pop's replication = {slowest_ms} ms; otherwise a backup pops while the callback before it can still succeed (a duplicate with no failure)",
+                t.replica_skew_ms, t.callback_wait_ms, t.callback_timeout_ms
+            ));
+        }
+        Ok(())
     }
 
     /// The cluster this node is a member of.
@@ -498,12 +528,27 @@ mod tests {
     }
 
     #[test]
+    fn the_skew_rule_holds_by_default_and_a_config_that_breaks_it_is_refused() {
+        assert!(two_node("").is_ok(), "the defaults keep the rule");
+        let e = two_node("[timers]\ncallback-timeout-ms = 2000").unwrap_err();
+        assert!(
+            e.contains("replica-skew-ms 2000") && e.contains("2500 ms"),
+            "{e}"
+        );
+        let wider = "[timers]\ncallback-timeout-ms = 2000\nreplica-skew-ms = 2500";
+        assert!(two_node(wider).is_ok());
+        // A single node has no backup to race.
+        let single = Config::from_toml("[timers]\ncallback-timeout-ms = 5000").unwrap();
+        assert!(single.resolve(1).is_ok());
+    }
+
+    #[test]
     fn embedded_default_is_single_node_on_7253() {
         let r = Config::default().resolve(2).unwrap();
         assert_eq!(r.shards, 2);
         assert_eq!(r.cluster.local_address, "127.0.0.1:7253");
         assert_eq!(r.cluster.nodes.len(), 1);
-        assert_eq!(r.config.timers.callback_timeout_ms, 2000);
+        assert_eq!(r.config.timers.callback_timeout_ms, 1500);
     }
 
     #[test]

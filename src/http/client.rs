@@ -58,6 +58,32 @@ impl HostPool {
     }
 }
 
+/// One request to send.
+struct Request<'a> {
+    host: &'a str,
+    port: u16,
+    authority: &'a str,
+    method: &'a str,
+    path: &'a str,
+    headers: &'a [(&'a str, &'a [u8])],
+    body: &'a [u8],
+    want_body: bool,
+}
+
+/// Why a request failed, and whether it reached the wire (`sent: false`:
+/// the target never saw it, so it may be handed elsewhere).
+#[derive(Debug)]
+pub struct RequestError {
+    pub sent: bool,
+    pub reason: String,
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
 /// A response: status and (when asked for) the body.
 #[derive(Debug)]
 pub struct Response {
@@ -114,38 +140,53 @@ impl Client {
     }
 
     /// Deliver one pop: `POST <uri>` with the opaque data, `X-Sequence-Number`
-    /// and `Content-Type: application/octet-stream`. Ok on any 2xx.
-    pub async fn callback(&self, data: &[u8], uri_len: usize, sequence: u32) -> Result<(), String> {
+    /// and `Content-Type: application/octet-stream`. Ok on any 2xx. `wait`:
+    /// how long it may wait for a connection to the target before it is
+    /// sent (`None`: as long as it takes; the caller bounds the count).
+    pub async fn callback(
+        &self,
+        data: &[u8],
+        uri_len: usize,
+        sequence: u32,
+        wait: Option<Duration>,
+    ) -> Result<(), RequestError> {
+        let unsent = |reason: String| RequestError {
+            sent: false,
+            reason,
+        };
         let uri = std::str::from_utf8(&data[..uri_len])
-            .map_err(|_| "callback URI is not UTF-8".to_string())?;
+            .map_err(|_| unsent("callback URI is not UTF-8".to_string()))?;
         let opaque = &data[uri_len..];
-        let target = uri::parse(uri)?;
+        let target = uri::parse(uri).map_err(unsent)?;
         let mut seq_buf = [0u8; 10];
         let seq = format_u32(&mut seq_buf, sequence);
         let headers: [(&str, &[u8]); 2] = [
             ("Content-Type", b"application/octet-stream"),
             ("X-Sequence-Number", seq),
         ];
-        let response = self
-            .request(
-                target.host,
-                target.port,
-                target.authority,
-                "POST",
-                target.path,
-                &headers,
-                opaque,
-                false,
-            )
-            .await?;
+        let request = Request {
+            host: target.host,
+            port: target.port,
+            authority: target.authority,
+            method: "POST",
+            path: target.path,
+            headers: &headers,
+            body: opaque,
+            want_body: false,
+        };
+        let response = self.send(&request, wait).await?;
         if (200..300).contains(&response.status) {
             Ok(())
         } else {
-            Err(format!("callback answered {}", response.status))
+            Err(RequestError {
+                sent: true,
+                reason: format!("callback answered {}", response.status),
+            })
         }
     }
 
     /// One request with the total timeout applied. `want_body`: keep the body.
+    /// It waits for a connection permit at most the timeout.
     #[allow(clippy::too_many_arguments)]
     pub async fn request(
         &self,
@@ -158,8 +199,35 @@ impl Client {
         body: &[u8],
         want_body: bool,
     ) -> Result<Response, String> {
+        let request = Request {
+            host,
+            port,
+            authority,
+            method,
+            path,
+            headers,
+            body,
+            want_body,
+        };
+        self.send(&request, Some(self.timeout))
+            .await
+            .map_err(|e| e.reason)
+    }
+
+    /// Resolve, wait for a connection permit (at most `wait`), then send
+    /// within the total timeout, counted from the send.
+    async fn send(
+        &self,
+        r: &Request<'_>,
+        wait: Option<Duration>,
+    ) -> Result<Response, RequestError> {
         self.in_flight.set(self.in_flight.get() + 1);
         let _guard = InFlight(&self.in_flight);
+        let unsent = |reason: String| RequestError {
+            sent: false,
+            reason,
+        };
+        let (host, port) = (r.host, r.port);
         let addr = future::or(self.resolve(host, port), async {
             glommio::timer::sleep(self.timeout).await;
             Err(format!(
@@ -167,15 +235,16 @@ impl Client {
                 self.timeout.as_millis()
             ))
         })
-        .await?;
+        .await
+        .map_err(unsent)?;
         let pool = self.pool(addr);
-        let _permit = self.permit(&pool, addr).await?;
+        let _permit = self.permit(&pool, addr, wait).await.map_err(unsent)?;
         // The timeout of the request itself starts when it is sent (seed
         // 000: a callback must complete within 2 s of being sent).
         let deadline = Instant::now() + self.timeout;
         let mut out = self.take_buffer();
-        build_request(&mut out, method, path, authority, headers, body);
-        let head_only = method == "HEAD";
+        build_request(&mut out, r.method, r.path, r.authority, r.headers, r.body);
+        let (head_only, want_body) = (r.method == "HEAD", r.want_body);
         let work = async {
             // A pooled connection may have been closed by the peer: one retry
             // on a fresh connection when nothing at all came back.
@@ -197,7 +266,7 @@ impl Client {
         let result = future::or(work, self.expire(deadline)).await;
         self.give_buffer(out);
         pool.failed_at.set(result.is_err().then(Instant::now));
-        result
+        result.map_err(|reason| RequestError { sent: true, reason })
     }
 
     /// A pipelined batch: `requests` holds `count` complete requests, written
@@ -244,14 +313,16 @@ impl Client {
         future::or(work, expire).await
     }
 
-    /// Wait for a connection permit: bounded in time (the timeout) and, for
-    /// a target that has just failed, in count (`QUEUED_PER_HOST_MAX`), so a
-    /// dead target fails fast instead of taking every in-flight slot from
-    /// the others, while a busy live one is waited for.
+    /// Wait for a connection permit: bounded in time by `wait` (`None`: the
+    /// caller bounds how many wait) and, for a target that has just failed,
+    /// in count (`QUEUED_PER_HOST_MAX`), so a dead target fails fast instead
+    /// of taking every in-flight slot from the others, while a busy live one
+    /// is waited for.
     async fn permit<'p>(
         &self,
         pool: &'p HostPool,
         addr: SocketAddr,
+        wait: Option<Duration>,
     ) -> Result<glommio::sync::Permit<'p>, String> {
         let failing = pool
             .failed_at
@@ -271,10 +342,13 @@ impl Client {
                     .map_err(|e| format!("connection pool closed: {e}"))
             },
             async {
-                glommio::timer::sleep(self.timeout).await;
+                let Some(wait) = wait else {
+                    return future::pending().await;
+                };
+                glommio::timer::sleep(wait).await;
                 Err(format!(
                     "no connection to {addr} free within {} ms",
-                    self.timeout.as_millis()
+                    wait.as_millis()
                 ))
             },
         )

@@ -26,6 +26,23 @@ pub struct PopState {
     blocked: Cell<bool>,
     /// The deadline the pop loop sleeps until (`u64::MAX`: idle).
     armed_ms: Cell<u64>,
+    /// Callback tasks spawned and not yet finished: counted at the spawn,
+    /// so the bound holds before a task first runs.
+    in_flight: Cell<usize>,
+}
+
+/// Gives a callback slot back on every exit path of its task.
+struct Slot(Rc<Shard>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let pop = &self.0.pop;
+        assert!(pop.in_flight.get() > 0, "a slot was taken");
+        pop.in_flight.set(pop.in_flight.get() - 1);
+        if pop.blocked.replace(false) {
+            pop.wake.notify();
+        }
+    }
 }
 
 impl Default for PopState {
@@ -34,6 +51,7 @@ impl Default for PopState {
             wake: Notify::default(),
             blocked: Cell::new(false),
             armed_ms: Cell::new(u64::MAX),
+            in_flight: Cell::new(0),
         }
     }
 }
@@ -54,7 +72,7 @@ pub async fn pop_loop(shard: Rc<Shard>) {
     while !shard.gate.is_closing() {
         // Backpressure: with every callback slot taken, due timers stay in
         // the wheel (late, not lost) until a callback finishes.
-        let room = in_flight_max.saturating_sub(shard.client.in_flight());
+        let room = in_flight_max.saturating_sub(pop.in_flight.get());
         if room == 0 {
             pop.blocked.set(true);
             let idle = glommio::timer::sleep(Duration::from_millis(IDLE_SLEEP_MS));
@@ -114,43 +132,52 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
     shard.refresh_gauges(&shard.store.borrow());
 }
 
-/// Start the callback of one pop, bounded by the in-flight limit (the pop
-/// loop only takes as many due timers as there are free slots). On
-/// success the pop is replicated to the other replicas; on failure this
-/// node's copy is dropped without replicating, so the next replica pops.
+/// Start the callback of one pop. The pop loop takes only as many due
+/// timers as there are free slots, and the slot is taken here, before the
+/// task exists. A pop waiting for a connection is late, not failed: the
+/// last replica waits as long as it takes; one with a later replica waits
+/// `callback-wait-ms` at most and then leaves the pop to that replica, so
+/// the skew rule holds (tuning.md). On success the pop is replicated to
+/// the other replicas; on failure this node's copy is dropped without
+/// replicating, so the next replica pops.
 fn dispatch(shard: &Rc<Shard>, timer: &Timer) {
-    let stats = shard.my_stats();
+    let pop = &shard.pop;
+    let timers = &shard.resolved.config.timers;
+    assert!(
+        pop.in_flight.get() < timers.callback_in_flight_max,
+        "the pop loop keeps the bound"
+    );
+    pop.in_flight.set(pop.in_flight.get() + 1);
+    let slot = Slot(shard.clone());
     let sequence = timer.sequence + 1;
     let (unique, version) = (timer.unique, timer.version);
-    if shard.client.in_flight() >= shard.resolved.config.timers.callback_in_flight_max {
-        ShardStats::add(&stats.callbacks_dropped, 1);
-        ShardStats::add(&stats.callbacks_failed, 1);
-        tracing::warn!(target: "chronos::callback", "callback in-flight bound reached; pop counted as failed");
-        on_failure(shard, unique, version, sequence);
-        return;
-    }
+    let later_replica = timer.replica_index as usize + 1 < timer.replication_factor as usize;
+    let wait = (later_replica && shard.has_peers())
+        .then(|| Duration::from_millis(timers.callback_wait_ms));
     let (data, uri_at, uri_len) = timer.callback_data();
-    let shard = shard.clone();
     glommio::spawn_local(async move {
+        let shard = &slot.0;
         let started = Instant::now();
         let result = shard
             .client
-            .callback(&data[uri_at..], uri_len, sequence)
+            .callback(&data[uri_at..], uri_len, sequence, wait)
             .await;
         let stats = shard.my_stats();
         stats.record_callback_latency(started.elapsed().as_micros() as u64);
-        if shard.pop.blocked.replace(false) {
-            shard.pop.wake.notify();
-        }
         match result {
             Ok(()) => {
                 ShardStats::add(&stats.callbacks_succeeded, 1);
                 shard.replicate_pop(unique, version, sequence);
             }
             Err(e) => {
-                ShardStats::add(&stats.callbacks_failed, 1);
+                let counter = if e.sent || wait.is_none() {
+                    &stats.callbacks_failed
+                } else {
+                    &stats.callbacks_deferred
+                };
+                ShardStats::add(counter, 1);
                 tracing::debug!(target: "chronos::callback", "callback {sequence} failed: {e}");
-                on_failure(&shard, unique, version, sequence);
+                on_failure(shard, unique, version, sequence);
             }
         }
     })

@@ -51,7 +51,7 @@ counters! {
     timers_popped: "Timer pops (callbacks attempted).",
     callbacks_succeeded: "Callbacks answered with a 2xx status.",
     callbacks_failed: "Callbacks that failed (non-2xx, timeout, connection error).",
-    callbacks_dropped: "Pops not called back because the in-flight bound was reached.",
+    callbacks_deferred: "Pops left to the next replica: no connection to the target came free within callback-wait-ms.",
     http_requests: "HTTP requests handled.",
     http_errors: "HTTP requests answered with a 4xx or 5xx status.",
     connections_rejected: "Connections refused with 503 at the connection bound.",

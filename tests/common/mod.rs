@@ -298,6 +298,8 @@ pub enum Behaviour {
     Hang,
     /// 500 for the first request to each path, 200 afterwards.
     FailFirst,
+    /// 200, after this long.
+    Slow(Duration),
 }
 
 /// A real HTTP callback target on a loopback port.
@@ -402,7 +404,7 @@ fn serve_sink(stream: TcpStream, pops: Arc<(Mutex<Vec<Pop>>, Condvar)>, behaviou
             return;
         }
         let ok = match behaviour {
-            Behaviour::Ok => true,
+            Behaviour::Ok | Behaviour::Slow(_) => true,
             Behaviour::Fail | Behaviour::Hang => false,
             Behaviour::FailFirst => {
                 let seen = pops.0.lock().unwrap().iter().any(|p| p.path == path);
@@ -424,6 +426,10 @@ fn serve_sink(stream: TcpStream, pops: Arc<(Mutex<Vec<Pop>>, Condvar)>, behaviou
         }
         let answer: &[u8] = match behaviour {
             Behaviour::Ok => b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            Behaviour::Slow(d) => {
+                std::thread::sleep(d);
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+            }
             Behaviour::FailFirst if ok => b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
             Behaviour::Fail | Behaviour::FailFirst => {
                 b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nnope"
