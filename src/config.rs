@@ -40,6 +40,11 @@ pub struct HttpConfig {
     pub body_bytes_max: usize,
     /// Idle keep-alive connections are closed after this long.
     pub idle_timeout_ms: u64,
+    /// From a request's first byte to its complete head; beyond it `408`
+    /// and the connection closes (a slow-loris client cannot hold a slot).
+    pub header_timeout_ms: u64,
+    /// From a complete head to the complete body; beyond it `408`.
+    pub body_timeout_ms: u64,
     /// Drive the sockets with the shard's own io_uring (multishot accept
     /// and receive, batched sends; `http::ring`) rather than glommio's
     /// `TcpStream`. On by default (perf/README.md, "HTTP"); falls back to
@@ -80,6 +85,8 @@ impl Default for HttpConfig {
             header_bytes_max: 16 * 1024,
             body_bytes_max: 256 * 1024,
             idle_timeout_ms: 300_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
             net_ring: true,
             accept_steering: AcceptSteering::Cpu,
         }
@@ -373,6 +380,12 @@ impl Config {
     /// Every bound and timeout positive (and the queue's own checks).
     fn check_limits(&self) -> Result<(), String> {
         let h = &self.http;
+        if h.header_timeout_ms == 0 || h.body_timeout_ms == 0 || h.idle_timeout_ms == 0 {
+            return Err(
+                "[http] header-timeout-ms, body-timeout-ms and idle-timeout-ms must be positive"
+                    .into(),
+            );
+        }
         if h.connections_max == 0 || h.header_bytes_max < 512 || h.body_bytes_max == 0 {
             return Err("[http] connections-max and body-bytes-max must be positive, header-bytes-max at least 512".into());
         }

@@ -28,6 +28,7 @@ use crate::stats::ShardStats;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Reloaded clusters waiting per shard (SIGHUP); beyond it a reload is
 /// dropped for that shard and logged.
@@ -123,6 +124,8 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         header_bytes_max: http.header_bytes_max,
         body_bytes_max: http.body_bytes_max,
         idle_timeout_ms: http.idle_timeout_ms,
+        header_timeout: Duration::from_millis(http.header_timeout_ms),
+        body_timeout: Duration::from_millis(http.body_timeout_ms),
         drain: DRAIN_TIMEOUT,
     };
     let api = Api::new(shard.clone(), ready_check(&node));

@@ -469,3 +469,108 @@ fn resync_get_and_references_follow_the_internal_api() {
     assert_eq!(r.status, 202, "{}", r.text());
     assert_eq!(node.request("PUT", "/timers/references", "{}").status, 405);
 }
+
+/// Issue 13: replication bodies carry start times, sequence numbers and
+/// versions straight from the network. Extreme ones are refused or stored
+/// with saturating arithmetic: no panic (a debug build checks overflow),
+/// and the node keeps serving.
+#[test]
+fn extreme_replication_numbers_never_panic_the_node() {
+    let node = Node::start(CFG);
+    let me = node.addr.to_string();
+    let extremes = [
+        ("9223372036854775807", "4294967295", "4294967", "4294967"),
+        ("-9223372036854775808", "4294967295", "4294967", "4294967"),
+        ("9223372036854775807", "0", "0.001", "4294967"),
+        ("-9223372036854775808", "4294967294", "0.001", "4294967"),
+        ("0", "4294967295", "1", "4294967"),
+    ];
+    for (k, (delta, seq, interval, repeat)) in extremes.iter().enumerate() {
+        for version in ["0", "18446744073709551615"] {
+            let body = format!(
+                r#"{{"timing":{{"interval":{interval},"repeat-for":{repeat},"start-time-delta":{delta},"sequence-number":{seq},"version":{version}}},"callback":{{"http":{{"uri":"http://127.0.0.1:9/x","opaque":"o"}}}},"reliability":{{"cluster-view-id":"1","replicas":["{me}"]}}}}"#
+            );
+            let id = format!(
+                "{:016x}{:016x}",
+                0x1234_5678_0000_0000u64 + k as u64,
+                u64::MAX
+            );
+            let r = node.request("PUT", &format!("/timers/{id}"), &body);
+            assert!(
+                r.status == 200 || r.status == 400,
+                "{delta} {seq} {interval}: {} {}",
+                r.status,
+                r.text()
+            );
+        }
+    }
+    assert_eq!(node.request("GET", "/ping", "").status, 200);
+    let sink = Sink::start(Behaviour::Ok);
+    node.create(&timer_body("0.1", None, &sink.uri("/after"), "a"));
+    assert_eq!(
+        sink.wait_for(1, Duration::from_secs(5)).len(),
+        1,
+        "still pops"
+    );
+}
+
+/// Trickle `head` one byte every 100 ms; returns what the server sent and
+/// how long after the first byte the connection was closed.
+fn trickle(node: &Node, head: &[u8]) -> (String, Duration) {
+    trickle_on(TcpStream::connect(node.addr).unwrap(), head)
+}
+
+fn trickle_on(mut s: TcpStream, head: &[u8]) -> (String, Duration) {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut got = Vec::new();
+    for &b in head.iter().cycle().take(200) {
+        if s.write_all(&[b]).is_err() {
+            break;
+        }
+        let mut buf = [0u8; 1024];
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    (
+        String::from_utf8_lossy(&got).into_owned(),
+        started.elapsed(),
+    )
+}
+
+/// Issue 13: a slow-loris connection trickling its head (or its body) is
+/// closed at `header-timeout-ms` (or `body-timeout-ms`), long before the
+/// keep-alive idle timeout, and other clients are served meanwhile.
+#[test]
+fn a_trickled_head_or_body_is_cut_off_at_its_deadline() {
+    let node = Node::start(
+        "[runtime]\ncores = 1\n[http]\nheader-timeout-ms = 1000\nbody-timeout-ms = 1500\n",
+    );
+    let (got, took) = trickle(&node, b"GET /ping HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("header-timeout-ms"), "{got}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    let mut head = b"POST /timers HTTP/1.1\r\nContent-Length: 100000\r\n\r\n".to_vec();
+    // The head arrives at once; the body trickles.
+    let mut s = TcpStream::connect(node.addr).unwrap();
+    s.write_all(&head).unwrap();
+    head.clear();
+    let (got, took) = trickle_on(s, b"{");
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("body-timeout-ms"), "{got}");
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert_eq!(node.request("GET", "/ping", "").status, 200);
+}

@@ -67,9 +67,11 @@ pub struct FramingError {
 pub enum Parsed<'b> {
     /// A request and the bytes it used.
     Complete(Request<'b>, usize),
-    /// More bytes needed. `expect_continue` is set once the head is complete,
-    /// the body is not, and the client sent `Expect: 100-continue`.
+    /// More bytes needed. `head_complete`: the head is in, the body is not.
+    /// `expect_continue` is set once the head is complete, the body is not,
+    /// and the client sent `Expect: 100-continue`.
     Partial {
+        head_complete: bool,
         expect_continue: bool,
     },
     Error(FramingError),
@@ -90,6 +92,7 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
                 return err(431, "request header fields too large");
             }
             return Parsed::Partial {
+                head_complete: false,
                 expect_continue: false,
             };
         }
@@ -110,7 +113,10 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
         return err(413, "request body too large");
     }
     if buf.len() - head_len < body_len {
-        return Parsed::Partial { expect_continue };
+        return Parsed::Partial {
+            head_complete: true,
+            expect_continue,
+        };
     }
     let target = req.path.unwrap_or("/");
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
@@ -339,7 +345,16 @@ mod tests {
         assert!(matches!(
             p,
             Parsed::Partial {
+                head_complete: true,
                 expect_continue: true
+            }
+        ));
+        let p = parse(b"PUT /t HTTP/1.1\r\nContent-Le");
+        assert!(matches!(
+            p,
+            Parsed::Partial {
+                head_complete: false,
+                ..
             }
         ));
     }

@@ -13,7 +13,7 @@ use crate::http::ring::{Acceptor, NetRing, RingConn};
 use crate::http::{parse_request, write_response, Parsed, Request};
 use crate::runtime::gate::Gate;
 use crate::stats::ShardStats;
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 use std::cell::Cell;
 use std::future::Future;
@@ -49,6 +49,10 @@ pub struct Limits {
     pub header_bytes_max: usize,
     pub body_bytes_max: usize,
     pub idle_timeout_ms: u64,
+    /// From a request's first byte to its complete head.
+    pub header_timeout: Duration,
+    /// From a complete head to the complete body.
+    pub body_timeout: Duration,
     /// How long shutdown waits for requests in hand.
     pub drain: Duration,
 }
@@ -241,6 +245,30 @@ struct Input {
     max: usize,
     /// `100 Continue` already sent for the request being read.
     continue_sent: bool,
+    /// What the unanswered bytes are, and since when.
+    phase: Phase,
+    phase_since: Instant,
+}
+
+/// Where the request being read stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Nothing unanswered: the keep-alive idle timeout applies.
+    Idle,
+    /// Part of a head: `header_timeout` from its first byte.
+    Head,
+    /// A complete head, part of its body: `body_timeout` from the head.
+    Body,
+}
+
+impl Input {
+    /// Enter `phase` (its clock starts now unless it is the current one).
+    fn enter(&mut self, phase: Phase) {
+        if phase != self.phase {
+            self.phase = phase;
+            self.phase_since = Instant::now();
+        }
+    }
 }
 
 impl Input {
@@ -280,6 +308,8 @@ impl<H: Handler> Server<H> {
             end: 0,
             max: l.header_bytes_max + l.body_bytes_max + READ_CHUNK,
             continue_sent: false,
+            phase: Phase::Idle,
+            phase_since: Instant::now(),
         };
         let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         loop {
@@ -298,14 +328,56 @@ impl<H: Handler> Server<H> {
                 let _ = stream.write_all(&out).await;
                 return;
             }
-            match stream.read(&mut input.buf[input.end..]).await {
+            let Some(read) = self.read_within(&mut stream, &mut input).await else {
+                let (what, key) = match input.phase {
+                    Phase::Body => ("body", "body-timeout-ms"),
+                    _ => ("head", "header-timeout-ms"),
+                };
+                let reason = format!("request {what} not complete within {key}");
+                self.count(408);
+                write_response(&mut out, 408, &[], reason.as_bytes(), true);
+                let _ = stream.write_all(&out).await;
+                return;
+            };
+            match read {
                 Ok(0) | Err(_) => return,
-                Ok(n) => input.end += n,
+                Ok(n) => {
+                    if input.phase == Phase::Idle {
+                        input.enter(Phase::Head);
+                    }
+                    input.end += n;
+                }
             }
             if self.gate.is_closing() && input.start == input.end {
                 return;
             }
         }
+    }
+
+    /// One read, within the current request's deadline (`None`: past it).
+    async fn read_within<C: Conn>(
+        &self,
+        stream: &mut C,
+        input: &mut Input,
+    ) -> Option<io::Result<usize>> {
+        let limit = match input.phase {
+            Phase::Idle => None,
+            Phase::Head => Some(self.limits.header_timeout),
+            Phase::Body => Some(self.limits.body_timeout),
+        };
+        let read = stream.read(&mut input.buf[input.end..]);
+        let Some(limit) = limit else {
+            return Some(read.await);
+        };
+        let left = (input.phase_since + limit).saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        future::or(async { Some(read.await) }, async {
+            glommio::timer::sleep(left).await;
+            None
+        })
+        .await
     }
 
     /// Answer every complete (pipelined) request in `input` into `out`.
@@ -323,11 +395,24 @@ impl<H: Handler> Server<H> {
                     self.count(status);
                     input.start += used;
                     input.continue_sent = false;
+                    // The next request's clock starts at its first byte.
+                    input.enter(Phase::Idle);
+                    if input.start < input.end {
+                        input.enter(Phase::Head);
+                    }
                     if close_after {
                         return true;
                     }
                 }
-                Parsed::Partial { expect_continue } => {
+                Parsed::Partial {
+                    head_complete,
+                    expect_continue,
+                } => {
+                    input.enter(if head_complete {
+                        Phase::Body
+                    } else {
+                        Phase::Head
+                    });
                     if expect_continue && !input.continue_sent {
                         out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
                         input.continue_sent = true;
