@@ -274,3 +274,74 @@ fn node_id(node: &Node) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Issue 13: a message Postgres cannot store (a NUL in its ID: `text` cannot
+/// hold one) is rejected, counted and skipped, and costs only itself: the
+/// good messages in its batch and behind it are all delivered. Extra header
+/// values that are not UTF-8, or hold a NUL, are relayed byte for byte.
+#[test]
+fn a_poison_message_costs_only_itself_and_headers_survive_byte_for_byte() {
+    let s = setup("poison", 1);
+    let node = s.node("");
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let p = producer(&s.broker.brokers());
+    let dl = iso(now_ms() + 6_000);
+    let raw: &[u8] = &[0xff, 0x00, 0x80, b'a', b'"', b'\\'];
+    produce_raw(
+        &p,
+        &s.input,
+        "poison",
+        b"x",
+        &[
+            ("chronosMessageId", b"bad\0id"),
+            ("chronosDeadline", dl.as_bytes()),
+        ],
+    );
+    produce_raw(
+        &p,
+        &s.input,
+        "bytes",
+        b"v",
+        &[
+            ("chronosMessageId", b"bytes"),
+            ("chronosDeadline", dl.as_bytes()),
+            ("raw", raw),
+            ("nul", b"a\0b"),
+        ],
+    );
+    let keys: Vec<String> = (0..100).map(|i| format!("g{i}")).collect();
+    let inputs: Vec<Input> = keys
+        .iter()
+        .map(|k| Input {
+            key: Some(k),
+            value: b"good",
+            headers: vec![("chronosMessageId", k), ("chronosDeadline", &dl)],
+        })
+        .collect();
+    produce(&p, &s.input, &inputs);
+    let seen = reader.wait_for(101, Duration::from_secs(30));
+    assert_eq!(
+        seen.len(),
+        101,
+        "every good message comes out\n{}",
+        node.log_text()
+    );
+    let bytes = seen
+        .iter()
+        .find(|o| o.key.as_deref() == Some("bytes"))
+        .unwrap();
+    let header = |name: &str| {
+        bytes
+            .raw_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(header("raw").as_deref(), Some(raw));
+    assert_eq!(header("nul").as_deref(), Some(&b"a\0b"[..]));
+    assert_eq!(
+        node.metric("chronos_queue_rejected_total{reason=\"unstorable\"}"),
+        1.0
+    );
+    assert!(node.log_text().contains("rejected"), "{}", node.log_text());
+}

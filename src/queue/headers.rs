@@ -47,14 +47,22 @@ pub fn validate(headers: &[(String, Option<Vec<u8>>)]) -> Result<(String, i64), 
     Ok((id, us))
 }
 
-/// Headers as stored: `[{"name": "value"}, ...]` (a value that is not
-/// UTF-8 is stored lossily; a valueless header as `null`).
+/// Headers as stored: `[{"name": "value"}, ...]`, a valueless header as
+/// `null`. A value that is not UTF-8, or holds a NUL (which `jsonb` cannot),
+/// is stored as `{"hex": "..."}`, so every value is relayed byte for byte.
 pub fn headers_json(headers: &[(String, Option<Vec<u8>>)]) -> String {
     let list: Vec<serde_json::Value> = headers
         .iter()
         .map(|(k, v)| {
             let value = match v {
-                Some(b) => serde_json::Value::String(String::from_utf8_lossy(b).into_owned()),
+                Some(b) => match std::str::from_utf8(b) {
+                    Ok(text) if !b.contains(&0) => serde_json::Value::String(text.to_string()),
+                    _ => {
+                        let mut o = serde_json::Map::new();
+                        o.insert("hex".into(), serde_json::Value::String(hex(b)));
+                        serde_json::Value::Object(o)
+                    }
+                },
                 None => serde_json::Value::Null,
             };
             let mut o = serde_json::Map::new();
@@ -65,6 +73,30 @@ pub fn headers_json(headers: &[(String, Option<Vec<u8>>)]) -> String {
     serde_json::Value::Array(list).to_string()
 }
 
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 15) as usize] as char);
+    }
+    out
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    let digits = text.as_bytes();
+    if !digits.len().is_multiple_of(2) {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    digits
+        .chunks_exact(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+/// The stored form back to headers (what `headers_json` wrote; anything
+/// else is relayed as its JSON text).
 pub fn parse_headers_json(text: &str) -> Vec<(String, Option<Vec<u8>>)> {
     let Ok(serde_json::Value::Array(list)) = serde_json::from_str::<serde_json::Value>(text) else {
         return Vec::new();
@@ -76,6 +108,12 @@ pub fn parse_headers_json(text: &str) -> Vec<(String, Option<Vec<u8>>)> {
                 let value = match v {
                     serde_json::Value::String(s) => Some(s.into_bytes()),
                     serde_json::Value::Null => None,
+                    serde_json::Value::Object(ref m) if m.len() == 1 => {
+                        match m.get("hex").and_then(|h| h.as_str()).and_then(unhex) {
+                            Some(bytes) => Some(bytes),
+                            None => Some(v.to_string().into_bytes()),
+                        }
+                    }
                     other => Some(other.to_string().into_bytes()),
                 };
                 out.push((k, value));
@@ -113,7 +151,15 @@ mod tests {
 
     #[test]
     fn headers_round_trip_through_json() {
-        let list = vec![h("a", "1"), ("b".to_string(), None), h("c\"", "x\ny")];
-        assert_eq!(parse_headers_json(&headers_json(&list)), list);
+        let mut list = vec![h("a", "1"), ("b".to_string(), None), h("c\"", "x\ny")];
+        list.push(("raw".to_string(), Some(vec![0xff, 0x00, 0x80, b'"'])));
+        list.push(("nul".to_string(), Some(b"a\0b".to_vec())));
+        list.push(("empty".to_string(), Some(Vec::new())));
+        let stored = headers_json(&list);
+        assert!(
+            !stored.contains("\\u0000"),
+            "jsonb cannot hold NUL: {stored}"
+        );
+        assert_eq!(parse_headers_json(&stored), list);
     }
 }

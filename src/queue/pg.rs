@@ -244,21 +244,67 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// Why a statement over input data gave up.
+#[derive(Debug)]
+pub enum QueryError {
+    /// Shutdown began while it was retrying.
+    Shutdown,
+    /// Postgres refused the data itself (see [`is_permanent`]): the same
+    /// statement with the same data would fail again.
+    Permanent(String),
+}
+
+/// Errors that retrying cannot fix, because the data is at fault: data
+/// exceptions (class 22: a NUL in `text`, a value out of range, bad JSON),
+/// integrity violations (23) and program limits (54, e.g. a row too
+/// large). Everything else (connection loss, class 08; serialization, 40;
+/// resources, 53; a dropped table, 42, which the reconnect re-creates) is
+/// retried.
+pub fn is_permanent(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| matches!(&db.code().code()[..2], "22" | "23" | "54"))
+}
+
 /// Run one statement, reconnecting and retrying with backoff until it
-/// succeeds. `None` only at shutdown.
+/// succeeds. `None` only at shutdown. For statements over the table's own
+/// rows, which Postgres has already accepted once.
 pub async fn retry_query(
     pg: &Pg,
     pick: impl Fn(&Conn) -> &Statement,
     params: &[&(dyn ToSql + Sync)],
 ) -> Option<Vec<Row>> {
+    loop {
+        match query_input(pg, &pick, params).await {
+            Ok(rows) => return Some(rows),
+            Err(QueryError::Shutdown) => return None,
+            Err(QueryError::Permanent(e)) => {
+                // Not expected over stored rows; never spin on it.
+                tracing::error!(target: "chronos::queue", "statement refused, retrying: {e}");
+                pg.pause(BACKOFF_MS_MAX).await;
+            }
+        }
+    }
+}
+
+/// Run one statement over input data: transient errors are retried with
+/// backoff (reconnecting); a permanent one is returned at once.
+pub async fn query_input(
+    pg: &Pg,
+    pick: impl Fn(&Conn) -> &Statement,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, QueryError> {
     let mut backoff_ms = BACKOFF_MS_MIN;
     loop {
-        let conn = pg.get().await?;
+        let conn = pg.get().await.ok_or(QueryError::Shutdown)?;
         match conn.client.query(pick(&conn), params).await {
-            Ok(rows) => return Some(rows),
+            Ok(rows) => return Ok(rows),
+            Err(e) if is_permanent(&e) => return Err(QueryError::Permanent(describe(&e))),
             Err(e) => {
                 pg.reset(&e);
                 pg.pause(backoff_ms).await;
+                if pg.gate.is_closing() {
+                    return Err(QueryError::Shutdown);
+                }
                 backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
             }
         }

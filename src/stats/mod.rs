@@ -8,6 +8,12 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 /// Upper bounds (ms) of the callback latency histogram buckets.
 pub const LATENCY_BUCKETS_MS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000];
 
+/// Why a queue input message was rejected: `invalid_header` (a missing or
+/// invalid chronos header), `unstorable` (Postgres refused its data).
+pub const REJECT_REASONS: [&str; 2] = ["invalid_header", "unstorable"];
+pub const REJECT_INVALID_HEADER: usize = 0;
+pub const REJECT_UNSTORABLE: usize = 1;
+
 macro_rules! counters {
     ($($name:ident: $help:literal,)*) => {
         /// One shard's counters.
@@ -25,6 +31,8 @@ macro_rules! counters {
             pub pg_up: std::sync::atomic::AtomicBool,
             /// Open HTTP connections.
             pub connections_open: AtomicI64,
+            /// Queue input messages rejected (skipped), by [`REJECT_REASONS`].
+            pub queue_rejected: [AtomicU64; REJECT_REASONS.len()],
             /// Callback latency histogram (cumulative buckets are built at render).
             pub callback_latency: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
             pub callback_latency_sum_us: AtomicU64,
@@ -118,6 +126,19 @@ fn per_shard_gauge(
     }
 }
 
+/// `chronos_queue_rejected_total{reason}`, summed over the shards.
+fn rejected(out: &mut String, shards: &[ShardStats]) {
+    let name = "chronos_queue_rejected_total";
+    let _ = writeln!(out, "# HELP {name} Queue input messages logged and skipped (their offsets committed), by reason.\n# TYPE {name} counter");
+    for (i, reason) in REJECT_REASONS.iter().enumerate() {
+        let n: u64 = shards
+            .iter()
+            .map(|s| s.queue_rejected[i].load(Relaxed))
+            .sum();
+        let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
+    }
+}
+
 /// Render every shard's counters (summed) in Prometheus text format.
 /// `tags` are the per-tag gauges, already merged across shards.
 pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
@@ -130,6 +151,7 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
     for ((name, help), value) in COUNTER_HELP.iter().zip(sums) {
         let _ = writeln!(out, "# HELP chronos_{name}_total {help}\n# TYPE chronos_{name}_total counter\nchronos_{name}_total {value}");
     }
+    rejected(out, shards);
     let pending: i64 = shards.iter().map(|s| s.timers_pending.load(Relaxed)).sum();
     let _ = writeln!(out, "# HELP chronos_timers_pending Timers (and tombstones) held in the wheels.\n# TYPE chronos_timers_pending gauge\nchronos_timers_pending {pending}");
     let tombstones: i64 = shards.iter().map(|s| s.tombstones.load(Relaxed)).sum();

@@ -152,6 +152,30 @@ pub fn produce(p: &BaseProducer, topic: &str, messages: &[Input<'_>]) {
     p.flush(Duration::from_secs(20)).expect("flush");
 }
 
+/// Produce one message whose header values are raw bytes, and wait for
+/// the broker's acknowledgement.
+pub fn produce_raw(
+    p: &BaseProducer,
+    topic: &str,
+    key: &str,
+    value: &[u8],
+    raw_headers: &[(&str, &[u8])],
+) {
+    let mut headers = OwnedHeaders::new();
+    for (k, v) in raw_headers {
+        headers = headers.insert(Header {
+            key: k,
+            value: Some(*v),
+        });
+    }
+    let rec = BaseRecord::<str, [u8]>::to(topic)
+        .payload(value)
+        .key(key)
+        .headers(headers);
+    p.send(rec).map_err(|(e, _)| e).expect("queued");
+    p.flush(Duration::from_secs(20)).expect("flush");
+}
+
 /// ISO 8601 UTC without a zone (seed 004's form) for `at_ms` Unix ms.
 pub fn iso(at_ms: i64) -> String {
     chronos::queue::deadline::format_utc_ms(at_ms)
@@ -170,6 +194,8 @@ pub struct Output {
     pub key: Option<String>,
     pub value: Vec<u8>,
     pub headers: Vec<(String, String)>,
+    /// The same headers, byte for byte.
+    pub raw_headers: Vec<(String, Vec<u8>)>,
     /// Unix ms when the test's consumer received it.
     pub at_ms: i64,
 }
@@ -210,19 +236,23 @@ impl OutputReader {
                     continue;
                 };
                 let mut headers = Vec::new();
+                let mut raw_headers = Vec::new();
                 if let Some(h) = m.headers() {
                     for i in 0..h.count() {
                         let hd = h.get(i);
+                        let value = hd.value.unwrap_or_default();
                         headers.push((
                             hd.key.to_string(),
-                            String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+                            String::from_utf8_lossy(value).into_owned(),
                         ));
+                        raw_headers.push((hd.key.to_string(), value.to_vec()));
                     }
                 }
                 s.lock().unwrap().push(Output {
                     key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
                     value: m.payload().unwrap_or_default().to_vec(),
                     headers,
+                    raw_headers,
                     at_ms: now_ms(),
                 });
             }
