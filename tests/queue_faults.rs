@@ -95,7 +95,9 @@ fn a_postgres_outage_mid_run_loses_nothing_and_http_keeps_serving() {
 fn a_broker_outage_and_restart_loses_nothing() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut s = setup("kout", 1);
-    let node = s.node("");
+    // A hold time shorter than the outage: failure detection runs while
+    // this node still holds every row it claimed (issue 13).
+    let node = s.node("hold-time-ms = 2000");
     let p = producer(&s.broker.brokers());
     let due = now_ms() + 8_000;
     let dl = iso(due);
@@ -135,6 +137,11 @@ fn a_broker_outage_and_restart_loses_nothing() {
         30 - got.len(),
         node.log_text()
     );
+    assert_eq!(
+        node.metric("chronos_queue_reset_total"),
+        0.0,
+        "failure detection reset rows this node holds"
+    );
     let until = Instant::now() + Duration::from_secs(10);
     while table_rows(&s.table) > 0 {
         assert!(
@@ -143,4 +150,7 @@ fn a_broker_outage_and_restart_loses_nothing() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Every acknowledgement is in: a duplicate would have been published
+    // before its row was deleted.
+    assert_eq!(reader.seen().len(), 30, "a message came out twice");
 }

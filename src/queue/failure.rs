@@ -1,7 +1,11 @@
 //! Failure detection (shard 0 of each node): rows readied longer than the
 //! hold time ago are reset so that any node claims them again, and each is
 //! logged as `suspected failure of <node> for message <id>`. At most
-//! [`STUCK_BATCH_MAX`] rows per pass.
+//! [`STUCK_BATCH_MAX`] rows per pass. Rows this node readied are never
+//! reset by it: it still holds every one of them (held in a wheel or being
+//! published, retried until acknowledged), even when a broker outage keeps
+//! them past the hold time; resetting them would publish them twice. A
+//! restarted node has a new node ID, so its predecessor's rows are reset.
 
 use super::pg::retry_query;
 use super::QueueShard;
@@ -22,8 +26,12 @@ impl QueueShard {
                 return;
             }
             let cutoff = SystemTime::now() - Duration::from_millis(cfg.hold_time_ms);
-            let Some(rows) =
-                retry_query(&self.pg, |c| &c.stuck, &[&cutoff, &STUCK_BATCH_MAX]).await
+            let Some(rows) = retry_query(
+                &self.pg,
+                |c| &c.stuck,
+                &[&cutoff, &STUCK_BATCH_MAX, &self.shared.node_id],
+            )
+            .await
             else {
                 return;
             };

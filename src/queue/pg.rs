@@ -342,7 +342,8 @@ async fn prepare(client: Client, t: &str, broken: Rc<Cell<bool>>) -> Result<Conn
     ))
     .await?;
     let stuck = prep(format!(
-        "SELECT id, readied_by::text, readied_at FROM {t} WHERE readied_at < $1 LIMIT $2"
+        "SELECT id, readied_by::text, readied_at FROM {t}
+         WHERE readied_at < $1 AND readied_by <> $3::text::uuid LIMIT $2"
     ))
     .await?;
     let reset = prep(format!(
