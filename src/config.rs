@@ -116,6 +116,9 @@ pub struct ClusterConfig {
     pub replication_timeout_ms: u64,
     /// Replication messages waiting per peer and shard; beyond it they are dropped.
     pub replication_queue_max: usize,
+    /// Bytes of replication requests waiting per peer and shard; beyond it
+    /// they are dropped.
+    pub replication_queue_bytes_max: usize,
 }
 
 impl Default for ClusterConfig {
@@ -127,6 +130,7 @@ impl Default for ClusterConfig {
             leaving: Vec::new(),
             replication_timeout_ms: 2000,
             replication_queue_max: 16_384,
+            replication_queue_bytes_max: 64 * 1024 * 1024,
         }
     }
 }
@@ -411,9 +415,12 @@ impl Config {
                 crate::wheel::ENTRIES_MAX
             ));
         }
-        if self.cluster.replication_timeout_ms == 0 || self.cluster.replication_queue_max == 0 {
+        if self.cluster.replication_timeout_ms == 0
+            || self.cluster.replication_queue_max == 0
+            || self.cluster.replication_queue_bytes_max < 1024 * 1024
+        {
             return Err(
-                "[cluster] replication-timeout-ms and replication-queue-max must be positive"
+                "[cluster] replication-timeout-ms and replication-queue-max must be positive, replication-queue-bytes-max at least 1 MiB"
                     .into(),
             );
         }

@@ -512,3 +512,39 @@ fn two_nodes_whose_addresses_hash_alike_hand_out_distinct_ids() {
         "every created timer is held once"
     );
 }
+
+/// Issue 13: the replication queue to a stopped peer is bounded in bytes,
+/// not only in messages (16,384 messages of up to 264 KiB each was 4 GiB
+/// per peer and shard).
+#[test]
+fn the_replication_queue_to_a_stopped_peer_is_bounded_in_bytes() {
+    let extra = "replication-queue-bytes-max = 1048576\n";
+    let nodes = start_cluster(2, 1, extra);
+    nodes[1].signal(libc::SIGSTOP);
+    let opaque = "o".repeat(200 * 1024);
+    let n = 30;
+    for i in 0..n {
+        nodes[0].create(&body(
+            "600",
+            None,
+            &format!("http://127.0.0.1:9/{i}"),
+            &opaque,
+            2,
+        ));
+    }
+    let enqueued = nodes[0].metric("chronos_replication_enqueued_total");
+    let dropped = nodes[0].metric("chronos_replication_dropped_total");
+    nodes[1].signal(libc::SIGCONT);
+    assert_eq!(
+        enqueued + dropped,
+        n as f64,
+        "every message is queued or dropped"
+    );
+    // 1 MiB queued plus one batch of at most ~1 MiB in flight.
+    let bytes = enqueued * opaque.len() as f64;
+    assert!(
+        bytes <= 2.5 * 1048576.0,
+        "{enqueued} messages of 200 KiB queued"
+    );
+    assert!(dropped > 0.0);
+}

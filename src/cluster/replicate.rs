@@ -8,8 +8,10 @@
 //! connection, answered in order). Senders hold the shard's gate: at
 //! shutdown each delivers the batch in hand and stops.
 //!
-//! Bounds, per shard and peer: `queue_max` messages waiting (beyond it a
-//! message is dropped and counted), one connection, one batch in flight,
+//! Bounds, per shard and peer: `queue_max` messages and `queue_bytes_max`
+//! bytes waiting (beyond either a message is dropped and counted), one
+//! connection, one batch of at most `BATCH_MAX` requests and about
+//! `SEGMENT_BYTES_MAX` bytes in flight,
 //! a timeout per batch (beyond it the batch is counted as failed and the
 //! connection closed), and an exponential reconnect backoff
 //! (`BACKOFF_MS_MIN`..`BACKOFF_MS_MAX`). Failed messages are not retried:
@@ -30,6 +32,12 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The most a replication request's head takes (request line, `Host`
+/// with a peer address, content type and length).
+const REQUEST_HEAD_BYTES_MAX: usize = 256;
+/// Bytes per pipelined write (a batch closes once it reaches this), so
+/// that the batch in flight, outside the queue's count, stays small too.
+pub const SEGMENT_BYTES_MAX: usize = 1024 * 1024;
 /// Requests per pipelined write.
 pub const BATCH_MAX: usize = 256;
 /// Reconnect backoff after a failed connect or batch.
@@ -43,6 +51,10 @@ const SPARE_SEGMENTS_MAX: usize = 8;
 pub struct ReplicatorConfig {
     /// Messages queued per peer; beyond it a message is dropped (counted).
     pub queue_max: usize,
+    /// Bytes queued per peer (encoded requests); beyond it a message is
+    /// dropped (counted). Bodies vary up to the request size limit, so a
+    /// count alone does not bound memory.
+    pub queue_bytes_max: usize,
     /// A batch must be answered within this.
     pub timeout: Duration,
 }
@@ -136,6 +148,8 @@ struct Peer {
     socket: SocketAddr,
     segments: RefCell<VecDeque<Segment>>,
     queued: Cell<usize>,
+    /// Bytes of the encoded requests queued.
+    queued_bytes: Cell<usize>,
     spare: RefCell<Vec<Vec<u8>>>,
     wake: Notify,
     running: Cell<bool>,
@@ -151,6 +165,7 @@ impl Peer {
             socket,
             segments: RefCell::new(VecDeque::new()),
             queued: Cell::new(0),
+            queued_bytes: Cell::new(0),
             spare: RefCell::new(Vec::new()),
             wake: Notify::default(),
             running: Cell::new(false),
@@ -193,6 +208,7 @@ impl Replicator {
             ),
             config: ReplicatorConfig {
                 queue_max: config.queue_max.max(1),
+                queue_bytes_max: config.queue_bytes_max.max(1),
                 ..config
             },
             client,
@@ -246,12 +262,21 @@ impl Replicator {
             ShardStats::add(&self.stats().replication_dropped, 1);
             return;
         }
-        ShardStats::add(&self.stats().replication_enqueued, 1);
         let mut scratch = self.scratch.borrow_mut();
         scratch.clear();
         encode_body(&mut scratch, body);
+        // The body plus at most this much head.
+        let bytes = scratch.len() + REQUEST_HEAD_BYTES_MAX;
+        if p.queued_bytes.get() + bytes > self.config.queue_bytes_max {
+            ShardStats::add(&self.stats().replication_dropped, 1);
+            return;
+        }
+        ShardStats::add(&self.stats().replication_enqueued, 1);
         let mut segments = p.segments.borrow_mut();
-        if segments.back().is_none_or(|s| s.count >= BATCH_MAX) {
+        if segments
+            .back()
+            .is_none_or(|s| s.count >= BATCH_MAX || s.bytes.len() >= SEGMENT_BYTES_MAX)
+        {
             let bytes = p
                 .spare
                 .borrow_mut()
@@ -261,6 +286,7 @@ impl Replicator {
         }
         let seg = segments.back_mut().expect("just ensured");
         let out = &mut seg.bytes;
+        let before = out.len();
         out.extend_from_slice(b"PUT /timers/");
         out.extend_from_slice(&id.to_hex());
         let _ = write!(
@@ -270,8 +296,11 @@ impl Replicator {
             scratch.len()
         );
         out.extend_from_slice(&scratch);
+        assert!(out.len() - before <= bytes, "the head fits its allowance");
         seg.count += 1;
         p.queued.set(p.queued.get() + 1);
+        p.queued_bytes
+            .set(p.queued_bytes.get() + out.len() - before);
         assert!(seg.count <= BATCH_MAX && p.queued.get() <= self.config.queue_max);
         drop(segments);
         if !p.running.get() && self.start_sender(p) {
@@ -324,6 +353,9 @@ impl Sender {
                 "queued counts every segment"
             );
             peer.queued.set(peer.queued.get() - seg.count);
+            assert!(peer.queued_bytes.get() >= seg.bytes.len());
+            peer.queued_bytes
+                .set(peer.queued_bytes.get() - seg.bytes.len());
             backoff_ms = self.deliver(&seg, backoff_ms).await;
             seg.bytes.clear();
             seg.count = 0;

@@ -95,6 +95,7 @@ impl Shard {
             &replication_peers(&resolved.cluster),
             ReplicatorConfig {
                 queue_max: c.replication_queue_max,
+                queue_bytes_max: c.replication_queue_bytes_max,
                 timeout: Duration::from_millis(c.replication_timeout_ms),
             },
             client.clone(),
