@@ -627,6 +627,55 @@ async fn read_response(
     ))
 }
 
+/// Frame one response held whole in `buf` with the same head parser and
+/// chunk decoder the client reads with: `Ok(Some((status, body, used)))`,
+/// `Ok(None)` when more bytes are needed. For fuzzing and tests; the
+/// client itself reads from a socket ([`read_response`]).
+pub fn frame_response(buf: &[u8]) -> Result<Option<(u16, Vec<u8>, usize)>, String> {
+    let fail = |e: Exchange| match e {
+        Exchange::NothingBack(e) | Exchange::Failed(e) => e,
+    };
+    let Some(head) = parse_head(buf, false).map_err(fail)? else {
+        return Ok(None);
+    };
+    let mut pos = head.len;
+    assert!(pos <= buf.len(), "a head lies within its buffer");
+    let body = match head.framing {
+        Framing::Length(len) if len > RESPONSE_BODY_MAX => {
+            return Err("response body too large".into())
+        }
+        Framing::Length(len) if buf.len() - pos < len => return Ok(None),
+        Framing::Length(len) => {
+            pos += len;
+            buf[head.len..pos].to_vec()
+        }
+        Framing::UntilClose => {
+            pos = buf.len();
+            buf[head.len..].to_vec()
+        }
+        Framing::Chunked => {
+            let mut decoded = Vec::new();
+            loop {
+                match decode_chunk(&buf[pos..]) {
+                    ChunkStep::Data { skip, data: (a, b) } => {
+                        if decoded.len() + (b - a) > RESPONSE_BODY_MAX {
+                            return Err("response body too large".into());
+                        }
+                        decoded.extend_from_slice(&buf[pos + a..pos + b]);
+                        pos += skip;
+                    }
+                    ChunkStep::End { skip } => break pos += skip,
+                    ChunkStep::More => return Ok(None),
+                    ChunkStep::Bad => return Err("malformed chunked body".into()),
+                }
+            }
+            decoded
+        }
+    };
+    assert!(pos <= buf.len());
+    Ok(Some((head.status, body, pos)))
+}
+
 /// The head at the start of `buf`, `None` if incomplete.
 fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
     let mut headers = [httparse::EMPTY_HEADER; 32];

@@ -10,7 +10,7 @@
 
 use super::mesh::{MeshMsg, Reply};
 use super::Shard;
-use crate::cluster::NODES_MAX;
+use crate::cluster::{Cluster, NODES_MAX};
 use crate::http::uri::percent_decode;
 use crate::runtime::clock;
 use crate::timer::{shard_of, TimerId};
@@ -33,72 +33,82 @@ pub struct Query {
 }
 
 impl Shard {
-    /// Check a resync GET: `Err((status, reason))` as seed 000 specifies
-    /// (400 for a missing or mismatched parameter, 404 for an unknown node).
+    /// Check a resync GET against this shard's cluster view.
     pub fn resync_query(&self, query: &str, range: Option<&[u8]>) -> Result<Query, (u16, String)> {
-        let mut node = None;
-        let mut view = None;
-        let mut time_from = None;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_decode(v).ok_or((400, format!("{k}: bad percent-encoding")))?;
-            match k {
-                "node-for-replicas" => node = Some(v),
-                "cluster-view-id" => view = Some(v),
-                "time-from" => time_from = Some(v),
-                _ => {}
-            }
-        }
-        let node = node.ok_or((400, "missing node-for-replicas".to_string()))?;
-        let view = view.ok_or((400, "missing cluster-view-id".to_string()))?;
-        let cluster = self.cluster();
-        let index = cluster
-            .nodes
-            .iter()
-            .position(|n| n.address == node)
-            .ok_or((404, format!("{node} is not a node of this cluster")))?;
-        if view != cluster.view_id_string() {
-            return Err((
-                400,
-                format!(
-                    "cluster-view-id {view} does not match this node's {}",
-                    cluster.view_id
-                ),
-            ));
-        }
-        let from_ms = match time_from {
-            None => 0,
-            Some(t) => {
-                let us: u64 = t
-                    .parse()
-                    .map_err(|_| (400, format!("time-from {t:?} is not µs since the epoch")))?;
-                // Wall clock to engine clock.
-                let ahead_ms = (us / 1000) as i64 - clock::unix_ms() as i64;
-                (clock::now_ms() as i64 + ahead_ms).max(0) as u64
-            }
-        };
-        let limit = match range {
-            None => RANGE_DEFAULT,
-            Some(r) => {
-                let text = std::str::from_utf8(r).unwrap_or("").trim();
-                // `Range: 100` (seed 000), tolerating a unit prefix.
-                let digits = text.rsplit(['=', ' ']).next().unwrap_or(text);
-                digits
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or((400, format!("Range {text:?} is not a positive count")))?
-                    .min(RANGE_MAX)
-            }
-        };
-        assert!((1..=RANGE_MAX).contains(&limit) && index < cluster.nodes.len());
-        Ok(Query {
-            node: index,
-            from_ms,
-            limit,
-        })
+        parse_query(&self.cluster(), query, range)
     }
+}
 
+/// Check a resync GET: `Err((status, reason))` as seed 000 specifies (400
+/// for a missing or mismatched parameter, 404 for an unknown node).
+pub fn parse_query(
+    cluster: &Cluster,
+    query: &str,
+    range: Option<&[u8]>,
+) -> Result<Query, (u16, String)> {
+    let mut node = None;
+    let mut view = None;
+    let mut time_from = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v).ok_or((400, format!("{k}: bad percent-encoding")))?;
+        match k {
+            "node-for-replicas" => node = Some(v),
+            "cluster-view-id" => view = Some(v),
+            "time-from" => time_from = Some(v),
+            _ => {}
+        }
+    }
+    let node = node.ok_or((400, "missing node-for-replicas".to_string()))?;
+    let view = view.ok_or((400, "missing cluster-view-id".to_string()))?;
+    let index = cluster
+        .nodes
+        .iter()
+        .position(|n| n.address == node)
+        .ok_or((404, format!("{node} is not a node of this cluster")))?;
+    if view != cluster.view_id_string() {
+        return Err((
+            400,
+            format!(
+                "cluster-view-id {view} does not match this node's {}",
+                cluster.view_id
+            ),
+        ));
+    }
+    let from_ms = match time_from {
+        None => 0,
+        Some(t) => {
+            let us: u64 = t
+                .parse()
+                .map_err(|_| (400, format!("time-from {t:?} is not µs since the epoch")))?;
+            // Wall clock to engine clock.
+            let ahead_ms = (us / 1000) as i64 - clock::unix_ms() as i64;
+            (clock::now_ms() as i64 + ahead_ms).max(0) as u64
+        }
+    };
+    let limit = match range {
+        None => RANGE_DEFAULT,
+        Some(r) => {
+            let text = std::str::from_utf8(r).unwrap_or("").trim();
+            // `Range: 100` (seed 000), tolerating a unit prefix.
+            let digits = text.rsplit(['=', ' ']).next().unwrap_or(text);
+            digits
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or((400, format!("Range {text:?} is not a positive count")))?
+                .min(RANGE_MAX)
+        }
+    };
+    assert!((1..=RANGE_MAX).contains(&limit) && index < cluster.nodes.len());
+    Ok(Query {
+        node: index,
+        from_ms,
+        limit,
+    })
+}
+
+impl Shard {
     /// This shard's answer: up to `limit + 1` entries `(due, JSON)`.
     pub fn resync_local(&self, q: Query) -> Vec<(u64, String)> {
         let store = self.store.borrow();
@@ -192,32 +202,8 @@ impl Shard {
     /// and that this node holds under an old view without being one of its
     /// new replicas is dropped here. `Err` is a 400 reason.
     pub async fn resync_references(&self, body: &[u8]) -> Result<usize, String> {
-        #[derive(serde::Deserialize)]
-        struct Body {
-            #[serde(rename = "IDs")]
-            ids: Vec<Entry>,
-        }
-        #[derive(serde::Deserialize)]
-        struct Entry {
-            #[serde(rename = "ID")]
-            id: String,
-            #[serde(rename = "ReplicaIndex")]
-            replica_index: u32,
-        }
-        let parsed: Body = serde_json::from_slice(body).map_err(|e| {
-            format!("expected {{\"IDs\": [{{\"ID\": id, \"ReplicaIndex\": n}}]}}: {e}")
-        })?;
-        if parsed.ids.len() > REFERENCES_MAX {
-            return Err(format!("at most {REFERENCES_MAX} IDs per request"));
-        }
-        let mut done = Vec::with_capacity(parsed.ids.len());
-        for e in &parsed.ids {
-            let id = TimerId::parse(e.id.as_bytes())
-                .ok_or_else(|| format!("{:?} is not a timer ID (32 hex digits)", e.id))?;
-            if e.replica_index == 0 {
-                done.push(id.unique);
-            }
-        }
+        assert!(self.id < self.shards);
+        let done = parse_references(body)?;
         let mut dropped = 0;
         for unique in done {
             let owner = shard_of(unique, self.shards);
@@ -260,4 +246,35 @@ impl Shard {
         self.refresh_gauges(&store);
         true
     }
+}
+
+/// The unique IDs a `DELETE /timers/references` body releases: the entries
+/// with `ReplicaIndex` 0 (seed 000).
+pub fn parse_references(body: &[u8]) -> Result<Vec<u64>, String> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(rename = "IDs")]
+        ids: Vec<Entry>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        #[serde(rename = "ID")]
+        id: String,
+        #[serde(rename = "ReplicaIndex")]
+        replica_index: u32,
+    }
+    let parsed: Body = serde_json::from_slice(body)
+        .map_err(|e| format!("expected {{\"IDs\": [{{\"ID\": id, \"ReplicaIndex\": n}}]}}: {e}"))?;
+    if parsed.ids.len() > REFERENCES_MAX {
+        return Err(format!("at most {REFERENCES_MAX} IDs per request"));
+    }
+    let mut done = Vec::with_capacity(parsed.ids.len());
+    for e in &parsed.ids {
+        let id = TimerId::parse(e.id.as_bytes())
+            .ok_or_else(|| format!("{:?} is not a timer ID (32 hex digits)", e.id))?;
+        if e.replica_index == 0 {
+            done.push(id.unique);
+        }
+    }
+    Ok(done)
 }
