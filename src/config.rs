@@ -119,6 +119,9 @@ pub struct ClusterConfig {
     /// Bytes of replication requests waiting per peer and shard; beyond it
     /// they are dropped.
     pub replication_queue_bytes_max: usize,
+    /// A replication message is retried until delivered, or until this
+    /// long after it was queued (then given up, counted as failed).
+    pub replication_deliver_within_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -131,6 +134,7 @@ impl Default for ClusterConfig {
             replication_timeout_ms: 2000,
             replication_queue_max: 16_384,
             replication_queue_bytes_max: 64 * 1024 * 1024,
+            replication_deliver_within_ms: 30_000,
         }
     }
 }
@@ -414,6 +418,12 @@ impl Config {
                 "[timers] timers-per-shard-max must be at most {}",
                 crate::wheel::ENTRIES_MAX
             ));
+        }
+        if self.cluster.replication_deliver_within_ms < self.cluster.replication_timeout_ms {
+            return Err(
+                "[cluster] replication-deliver-within-ms must be at least replication-timeout-ms"
+                    .into(),
+            );
         }
         if self.cluster.replication_timeout_ms == 0
             || self.cluster.replication_queue_max == 0

@@ -548,3 +548,43 @@ fn the_replication_queue_to_a_stopped_peer_is_bounded_in_bytes() {
     );
     assert!(dropped > 0.0);
 }
+
+/// Issue 13: replication repairs itself. A replica that is reachable but
+/// refuses for a while (its connection bound is taken: `503`) still gets
+/// the delete once it accepts again, so the deleted timer never pops there.
+#[test]
+fn a_delete_refused_for_a_while_is_retried_and_the_timer_never_pops() {
+    let port = cluster_port(2);
+    let cfg = |i: usize, extra: &str| cluster_config(2, i, port, 1, extra);
+    let _a = Node::start_at("127.0.0.1", port, &cfg(1, ""));
+    // B closes idle connections fast, so A's pooled one goes away.
+    let b_cfg = cfg(2, "[http]\nconnections-max = 1\nidle-timeout-ms = 300\n");
+    let b = Node::start_at("127.0.0.2", port, &b_cfg);
+    let sink = Sink::start(Behaviour::Ok);
+    let nodes = [&_a, &b];
+    let id = nodes[0].create(&body("4", None, &sink.uri("/deleted"), "x", 2));
+    nodes[0].wait_replication_settled(Duration::from_secs(5));
+    // Take B's only connection slot once A's idle connection is gone (B
+    // answers a second connection with 503), then delete through A.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let hold = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let s = std::net::TcpStream::connect(b.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut probe = [0u8; 16];
+        // A slot: nothing to read (timeout). No slot: a 503, then close.
+        if std::io::Read::read(&mut &s, &mut probe).is_err() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "B kept A's idle connection");
+    };
+    let r = nodes[0].request("DELETE", &format!("/timers/{id}"), "");
+    assert_eq!(r.status, 200);
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(hold);
+    let pops = sink.wait_for(1, Duration::from_secs(4) + SKEW + MARGIN);
+    assert!(pops.is_empty(), "the deleted timer popped: {pops:?}");
+    assert!(nodes[0].metric("chronos_replication_retried_total") >= 1.0);
+    assert_eq!(nodes[0].metric("chronos_replication_failed_total"), 0.0);
+}

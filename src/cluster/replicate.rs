@@ -14,9 +14,13 @@
 //! `SEGMENT_BYTES_MAX` bytes in flight,
 //! a timeout per batch (beyond it the batch is counted as failed and the
 //! connection closed), and an exponential reconnect backoff
-//! (`BACKOFF_MS_MIN`..`BACKOFF_MS_MAX`). Failed messages are not retried:
-//! replication is best-effort by design (the reference does the same), and
-//! the skewed backups cover a lost pop replication with a late duplicate.
+//! (`BACKOFF_MS_MIN`..`BACKOFF_MS_MAX`). What a peer did not answer, or
+//! answered with a 5xx, 408 or 429, goes back to the front of its queue
+//! and is retried in order until delivered or `deliver_within` after it was
+//! queued (then it is given up and counted as failed); a 4xx refusal is
+//! final. Order is kept, so a later message for a timer (a delete after a
+//! create) is never delivered before an earlier one; the receiver's
+//! conflict rules discard what a later message superseded.
 
 use crate::http::client::Client;
 use crate::runtime::gate::Gate;
@@ -30,7 +34,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The most a replication request's head takes (request line, `Host`
 /// with a peer address, content type and length).
@@ -57,6 +61,10 @@ pub struct ReplicatorConfig {
     pub queue_bytes_max: usize,
     /// A batch must be answered within this.
     pub timeout: Duration,
+    /// A message not delivered this long after it was queued is given up
+    /// (counted as failed); until then it is retried. With `timeout`, it
+    /// bounds how late a message can arrive, which tombstones outlive.
+    pub deliver_within: Duration,
 }
 
 /// What one replication message says about a timer.
@@ -140,6 +148,19 @@ pub fn encode_body(out: &mut Vec<u8>, b: &Body<'_>) {
 struct Segment {
     bytes: Vec<u8>,
     count: usize,
+    /// Where each request ends in `bytes` (`count` entries).
+    ends: Vec<u32>,
+    /// When its first request was queued: the age of its oldest message.
+    created: Instant,
+}
+
+impl Segment {
+    /// Request `i`'s bytes.
+    fn request(&self, i: usize) -> &[u8] {
+        assert!(i < self.count && self.ends.len() == self.count);
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.bytes[start..self.ends[i] as usize]
+    }
 }
 
 /// The queue and connection state for one peer node.
@@ -282,7 +303,12 @@ impl Replicator {
                 .borrow_mut()
                 .pop()
                 .unwrap_or_else(|| Vec::with_capacity(64 * 1024));
-            segments.push_back(Segment { bytes, count: 0 });
+            segments.push_back(Segment {
+                bytes,
+                count: 0,
+                ends: Vec::with_capacity(BATCH_MAX),
+                created: Instant::now(),
+            });
         }
         let seg = segments.back_mut().expect("just ensured");
         let out = &mut seg.bytes;
@@ -297,6 +323,7 @@ impl Replicator {
         );
         out.extend_from_slice(&scratch);
         assert!(out.len() - before <= bytes, "the head fits its allowance");
+        seg.ends.push(out.len() as u32);
         seg.count += 1;
         p.queued.set(p.queued.get() + 1);
         p.queued_bytes
@@ -356,9 +383,12 @@ impl Sender {
             assert!(peer.queued_bytes.get() >= seg.bytes.len());
             peer.queued_bytes
                 .set(peer.queued_bytes.get() - seg.bytes.len());
-            backoff_ms = self.deliver(&seg, backoff_ms).await;
+            let mut statuses = Vec::with_capacity(seg.count);
+            backoff_ms = self.deliver(&seg, backoff_ms, &mut statuses).await;
+            self.requeue_unanswered(&seg, &statuses);
             seg.bytes.clear();
             seg.count = 0;
+            seg.ends.clear();
             {
                 let mut spare = peer.spare.borrow_mut();
                 if spare.len() < SPARE_SEGMENTS_MAX && seg.bytes.capacity() <= 1 << 20 {
@@ -372,29 +402,83 @@ impl Sender {
         }
     }
 
-    /// Send one segment as a pipelined batch and count the outcome; returns
-    /// the next backoff.
-    async fn deliver(&self, seg: &Segment, backoff_ms: u64) -> u64 {
+    /// Send one segment as a pipelined batch and count the outcome (the
+    /// answered statuses land in `statuses`); returns the next backoff.
+    async fn deliver(&self, seg: &Segment, backoff_ms: u64, statuses: &mut Vec<u16>) -> u64 {
         let stats = &self.stats[self.shard];
         let peer = &self.peer;
         let outcome = self
             .client
-            .pipeline(peer.socket, &seg.bytes, seg.count, self.config.timeout)
+            .pipeline(
+                peer.socket,
+                &seg.bytes,
+                seg.count,
+                self.config.timeout,
+                statuses,
+            )
             .await;
+        let sent = statuses.iter().filter(|s| (200..300).contains(*s)).count();
+        let refused = statuses.iter().filter(|s| is_final_refusal(**s)).count();
+        ShardStats::add(&stats.replication_sent, sent as u64);
+        ShardStats::add(&stats.replication_failed, refused as u64);
+        let retry = seg.count - sent - refused;
         match outcome {
-            Ok(rejected) => {
-                ShardStats::add(&stats.replication_sent, (seg.count - rejected) as u64);
-                ShardStats::add(&stats.replication_failed, rejected as u64);
-                0
-            }
-            Err((answered, e)) => {
-                ShardStats::add(&stats.replication_sent, answered as u64);
-                ShardStats::add(&stats.replication_failed, (seg.count - answered) as u64);
-                tracing::debug!(target: "chronos::replication", "to {}: {} messages lost: {e}", peer.address, seg.count - answered);
+            Ok(()) if retry == 0 => 0,
+            Ok(()) => (backoff_ms * 2).clamp(BACKOFF_MS_MIN, BACKOFF_MS_MAX),
+            Err(e) => {
+                tracing::debug!(target: "chronos::replication", "to {}: {retry} messages to retry: {e}", peer.address);
                 (backoff_ms * 2).clamp(BACKOFF_MS_MIN, BACKOFF_MS_MAX)
             }
         }
     }
+
+    /// Put what was not delivered (unanswered, or answered with a status
+    /// worth retrying) back at the front of the queue, in order, unless the
+    /// segment is older than `deliver_within`, shutdown began, or the peer
+    /// was retired: then it is given up and counted as failed.
+    fn requeue_unanswered(&self, seg: &Segment, statuses: &[u16]) {
+        let stats = &self.stats[self.shard];
+        let again: Vec<usize> = (0..seg.count)
+            .filter(|&i| statuses.get(i).is_none_or(|s| retryable(*s)))
+            .collect();
+        if again.is_empty() {
+            return;
+        }
+        let peer = &self.peer;
+        let expired = seg.created.elapsed() >= self.config.deliver_within;
+        if expired || self.gate.is_closing() || peer.retired.get() {
+            ShardStats::add(&stats.replication_failed, again.len() as u64);
+            tracing::warn!(target: "chronos::replication", "to {}: {} messages given up undelivered", peer.address, again.len());
+            return;
+        }
+        let mut retry = Segment {
+            bytes: peer.spare.borrow_mut().pop().unwrap_or_default(),
+            count: 0,
+            ends: Vec::with_capacity(again.len()),
+            created: seg.created,
+        };
+        for &i in &again {
+            retry.bytes.extend_from_slice(seg.request(i));
+            retry.ends.push(retry.bytes.len() as u32);
+            retry.count += 1;
+        }
+        ShardStats::add(&stats.replication_retried, retry.count as u64);
+        peer.queued.set(peer.queued.get() + retry.count);
+        peer.queued_bytes
+            .set(peer.queued_bytes.get() + retry.bytes.len());
+        peer.segments.borrow_mut().push_front(retry);
+    }
+}
+
+/// A status that says the peer read the message and refused it for good
+/// (a 4xx other than timeout or too many requests): not retried.
+fn is_final_refusal(status: u16) -> bool {
+    (400..500).contains(&status) && status != 408 && status != 429
+}
+
+/// A status after which the same message may succeed later (5xx, 408, 429).
+fn retryable(status: u16) -> bool {
+    !(200..300).contains(&status) && !is_final_refusal(status)
 }
 
 #[cfg(test)]

@@ -271,46 +271,49 @@ impl Client {
 
     /// A pipelined batch: `requests` holds `count` complete requests, written
     /// at once on one pooled connection to `addr` and answered in order.
-    /// `Ok`: how many were answered with a non-2xx status. `Err`: how many
-    /// were answered 2xx before the failure, and why. A connection kept idle
-    /// that gives nothing back is retried once on a fresh one. Batches hold
-    /// no single-request permit: their sender bounds them (one at a time).
+    /// `statuses` receives the status of each request answered, in order;
+    /// `Err` says why the rest went unanswered. A connection kept idle that
+    /// gives nothing back is retried once on a fresh one. Batches hold no
+    /// single-request permit: their sender bounds them (one at a time).
     pub async fn pipeline(
         &self,
         addr: SocketAddr,
         requests: &[u8],
         count: usize,
         timeout: Duration,
-    ) -> Result<usize, (usize, String)> {
+        statuses: &mut Vec<u16>,
+    ) -> Result<(), String> {
         assert!(count > 0 && !requests.is_empty(), "a batch has requests");
+        statuses.clear();
         let pool = self.pool(addr);
         let deadline = Instant::now() + timeout;
         let work = async {
             for attempt in 0..2 {
-                let (mut stream, reused) = self
-                    .take_connection(&pool, addr, deadline)
-                    .await
-                    .map_err(|e| (0, e))?;
-                match exchange_batch(&mut stream, requests, count).await {
-                    Ok((rejected, keep)) => {
+                let (mut stream, reused) = self.take_connection(&pool, addr, deadline).await?;
+                match exchange_batch(&mut stream, requests, count, statuses).await {
+                    Ok(keep) => {
                         if keep {
                             pool.give_back(stream);
                         }
-                        return Ok(rejected);
+                        return Ok(());
                     }
-                    Err((0, Exchange::NothingBack(_))) if reused && attempt == 0 => continue,
-                    Err((ok, Exchange::NothingBack(e) | Exchange::Failed(e))) => {
-                        return Err((ok, e))
+                    Err(Exchange::NothingBack(_))
+                        if reused && attempt == 0 && statuses.is_empty() =>
+                    {
+                        continue
                     }
+                    Err(Exchange::NothingBack(e) | Exchange::Failed(e)) => return Err(e),
                 }
             }
             unreachable!("the second attempt returns")
         };
         let expire = async {
             glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
-            Err((0, format!("no answer within {} ms", timeout.as_millis())))
+            Err(format!("no answer within {} ms", timeout.as_millis()))
         };
-        future::or(work, expire).await
+        let result = future::or(work, expire).await;
+        assert!(statuses.len() <= count);
+        result
     }
 
     /// Wait for a connection permit: bounded in time by `wait` (`None`: the
@@ -552,36 +555,30 @@ async fn exchange(
     Ok((response, keep && recv.pending().is_empty()))
 }
 
-/// Send a pipelined batch and read `count` responses. Ok: how many were
-/// not 2xx, and whether the connection can be reused. Err: how many were
-/// 2xx before the failure.
+/// Send a pipelined batch and read `count` responses, pushing each status
+/// onto `statuses`. Ok: whether the connection can be reused.
 async fn exchange_batch(
     stream: &mut TcpStream,
     requests: &[u8],
     count: usize,
-) -> Result<(usize, bool), (usize, Exchange)> {
+    statuses: &mut Vec<u16>,
+) -> Result<bool, Exchange> {
     stream
         .write_all(requests)
         .await
-        .map_err(|e| (0, Exchange::NothingBack(format!("send: {e}"))))?;
+        .map_err(|e| Exchange::NothingBack(format!("send: {e}")))?;
     let mut recv = Recv::new();
-    let (mut ok, mut rejected, mut keep) = (0, 0, true);
-    while ok + rejected < count {
-        let (response, reusable) = read_response(stream, &mut recv, false, false)
-            .await
-            .map_err(|e| (ok, e))?;
+    let mut keep = true;
+    while statuses.len() < count {
+        let (response, reusable) = read_response(stream, &mut recv, false, false).await?;
         keep = reusable;
-        if (200..300).contains(&response.status) {
-            ok += 1;
-        } else {
-            rejected += 1;
-        }
-        if !keep && ok + rejected < count {
-            return Err((ok, Exchange::Failed("peer closed mid-batch".into())));
+        statuses.push(response.status);
+        if !keep && statuses.len() < count {
+            return Err(Exchange::Failed("peer closed mid-batch".into()));
         }
     }
-    assert_eq!(ok + rejected, count);
-    Ok((rejected, keep && recv.pending().is_empty()))
+    assert_eq!(statuses.len(), count);
+    Ok(keep && recv.pending().is_empty())
 }
 
 /// A response head: status, length, body framing, keep-alive.

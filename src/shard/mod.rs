@@ -96,6 +96,7 @@ impl Shard {
             ReplicatorConfig {
                 queue_max: c.replication_queue_max,
                 queue_bytes_max: c.replication_queue_bytes_max,
+                deliver_within: Duration::from_millis(c.replication_deliver_within_ms),
                 timeout: Duration::from_millis(c.replication_timeout_ms),
             },
             client.clone(),

@@ -63,8 +63,9 @@ impl Shard {
     // ---- client operations (this node took the request) ----
 
     /// `POST /timers`: a new timer with an ID owned by this shard, stored
-    /// here if this node is a replica (a tombstone otherwise) and replicated
-    /// to the other replicas.
+    /// here if this node is a replica and replicated to the other replicas.
+    /// A node that is not a replica keeps nothing: the ID is new, so there
+    /// is nothing here for a tombstone to supersede.
     pub fn create(&self, spec: &TimerSpec) -> Result<TimerId, OpError> {
         let unique = self.store.borrow_mut().ids.next(clock::unix_ms());
         assert_eq!(shard_of(unique, self.shards), self.id, "a POST never hops");
@@ -74,8 +75,11 @@ impl Shard {
             bloom: pl.bloom,
         };
         let head = self.client_head(id, spec, &pl);
-        let local = pl.my_index.map(|_| spec);
-        self.apply(head, local, true)?;
+        if pl.my_index.is_some() {
+            self.apply(head, Some(spec), true)?;
+        } else {
+            ShardStats::add(&self.my_stats().timers_created, 1);
+        }
         self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()));
         Ok(id)
     }
@@ -198,14 +202,19 @@ impl Shard {
     // ---- the store (runs on the owning shard) ----
 
     /// How long a tombstone is kept: one more interval, plus every
-    /// replica's skew, so stale messages from slower replicas find it.
+    /// replica's skew, so stale messages from slower replicas find it; and
+    /// never less than the latest a replication message can still arrive
+    /// (`replication-deliver-within-ms` + `replication-timeout-ms`), so a
+    /// create retried behind a delete cannot bring the timer back.
     pub fn tombstone_life_ms(&self, t: &Timer) -> u64 {
         let interval = if t.interval_ms == 0 {
             TOMBSTONE_MS_DEFAULT
         } else {
             t.interval_ms as u64
         };
-        interval + self.skew_ms() * t.replication_factor.max(1) as u64
+        let c = &self.resolved.config.cluster;
+        let late_ms_max = c.replication_deliver_within_ms + c.replication_timeout_ms;
+        (interval + self.skew_ms() * t.replication_factor.max(1) as u64).max(late_ms_max)
     }
 
     /// Store an incarnation (`spec: None` or an empty callback: a tombstone)
