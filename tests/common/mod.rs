@@ -35,13 +35,26 @@ impl Node {
     }
 
     pub fn start_at(ip: &str, port: u16, config: &str) -> Node {
+        Self::start_in(None, ip, port, config)
+    }
+
+    /// Start inside network namespace `netns` (`ip netns exec`), if given.
+    pub fn start_in(netns: Option<&str>, ip: &str, port: u16, config: &str) -> Node {
         let dir =
             std::env::temp_dir().join(format!("chronos-test-{}-{ip}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let config_path = dir.join("chronos.toml");
         std::fs::write(&config_path, config).unwrap();
         let log = dir.join("chronos.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_chronos"))
+        let mut command = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_chronos")]);
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_chronos")),
+        };
+        let child = command
             .arg("--config")
             .arg(&config_path)
             .args(["--bind-address", ip, "--bind-port", &port.to_string()])
@@ -312,7 +325,12 @@ pub struct Sink {
 
 impl Sink {
     pub fn start(behaviour: Behaviour) -> Sink {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on("127.0.0.1", behaviour)
+    }
+
+    /// A sink listening on `ip` (any free port).
+    pub fn start_on(ip: &str, behaviour: Behaviour) -> Sink {
+        let listener = TcpListener::bind((ip, 0)).unwrap();
         let addr = listener.local_addr().unwrap();
         let pops: Arc<(Mutex<Vec<Pop>>, Condvar)> = Default::default();
         let stop = Arc::new(AtomicBool::new(false));
