@@ -4,6 +4,8 @@
 //! chronos-perf http  [--target ip:port,...] [--nodes 1] [--cores 1] [--connections 16]
 //!                    [--count 20000] [--rate 0] [--interval-ms 1000|500-1500] [--pops 1]
 //!                    [--preload 0] [--replication-factor 2] [--name NAME] [--out-dir perf/results]
+//!                    [--due-lead-ms 0 --due-window-ms 1000]   (a burst: all due in one window)
+//!                    [--callback-to ip:port]   (callbacks to an outside target, e.g. nginx)
 //! chronos-perf queue [--brokers host:port] [--postgres-url URL] [--rate 5000]
 //!                    [--duration-s 10] [--delay-ms 3000] [--partitions 2] [--cores 2] [--name NAME]
 //! ```
@@ -444,6 +446,10 @@ fn http_mode(a: &Args) -> Result<(), String> {
     let rf: u32 = a.get("replication-factor", 2)?;
     let n_nodes: usize = a.get("nodes", 1)?;
     let cores: usize = a.get("cores", 1)?;
+    // A burst: every timer due within `due-window-ms`, starting
+    // `due-lead-ms` after the run starts (0: intervals from --interval-ms).
+    let due_lead_ms: u64 = a.get("due-lead-ms", 0)?;
+    let due_window_ms: u64 = a.get("due-window-ms", 1000)?;
     let name = a.str("name", "http");
     let out_dir = a.str("out-dir", "perf/results");
     if connections == 0 || connections > CONNECTIONS_MAX || pops == 0 || count == 0 {
@@ -466,6 +472,16 @@ fn http_mode(a: &Args) -> Result<(), String> {
         }
     };
     let sink = Sink::start((count * pops) as usize);
+    // `--callback-to ip:port`: callbacks go to an outside target (nginx);
+    // loss and throughput are then read from the node's counters.
+    let callback_to: Option<SocketAddr> = match a.flags.get("callback-to") {
+        Some(t) => Some(
+            t.parse()
+                .map_err(|_| format!("--callback-to {t:?}: ip:port"))?,
+        ),
+        None => None,
+    };
+    let sink_addr = callback_to.unwrap_or(sink.addr);
     let noise = Noise::start();
     // Preload: long timers that stay pending through the run.
     if preload > 0 {
@@ -511,11 +527,12 @@ fn http_mode(a: &Args) -> Result<(), String> {
     let req_lat = Arc::new(Mutex::new(Dist::default()));
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
+    let started_us = now_us();
     let threads: Vec<_> = (0..connections)
         .map(|c| {
             let target = targets[c % targets.len()];
             let (schedule, req_lat, errors, sink) =
-                (schedule.clone(), req_lat.clone(), errors.clone(), sink.addr);
+                (schedule.clone(), req_lat.clone(), errors.clone(), sink_addr);
             std::thread::spawn(move || -> Result<(), String> {
                 let s = TcpStream::connect(target).map_err(|e| e.to_string())?;
                 let _ = s.set_nodelay(true);
@@ -542,7 +559,12 @@ fn http_mode(a: &Args) -> Result<(), String> {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
-                    let interval = lo + rng % (hi - lo + 1);
+                    let mut interval = lo + rng % (hi - lo + 1);
+                    if due_lead_ms > 0 {
+                        let due_us =
+                            started_us + due_lead_ms * 1000 + item * due_window_ms * 1000 / count;
+                        interval = (due_us.saturating_sub(now_us()) / 1000).max(1);
+                    }
                     let req = post(item, interval, pops, 1.max(rf), sink, target);
                     let sent = now_us();
                     w.write_all(&req).map_err(|e| e.to_string())?;
@@ -587,6 +609,16 @@ fn http_mode(a: &Args) -> Result<(), String> {
     let wait_until = last_due + skew_us + 1_500_000;
     let hard_stop =
         Instant::now() + GRACE_MAX + Duration::from_micros(wait_until.saturating_sub(now_us()));
+    if callback_to.is_some() {
+        let first_due = schedule
+            .due_us
+            .values()
+            .flatten()
+            .copied()
+            .min()
+            .unwrap_or(0);
+        return wait_external(targets[0], expected, first_due, last_due, hard_stop);
+    }
     while now_us() < wait_until && Instant::now() < hard_stop {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -629,6 +661,65 @@ fn http_mode(a: &Args) -> Result<(), String> {
     write_results(&out_dir, &name, &json, &svg)?;
     if t.lost > 0 || t.early > 0 {
         return Err(format!("{} pops lost, {} early", t.lost, t.early));
+    }
+    Ok(())
+}
+
+/// One unlabelled counter from a node's `/metrics` (0 if absent).
+fn counter(addr: SocketAddr, metric: &str) -> f64 {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return 0.0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    );
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(metric)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// With an outside callback target: wait until the node has finished every
+/// callback (succeeded, failed or deferred), then report from its counters.
+fn wait_external(
+    node: SocketAddr,
+    expected: u64,
+    first_due_us: u64,
+    last_due_us: u64,
+    hard_stop: Instant,
+) -> Result<(), String> {
+    let done = |m: &str| counter(node, &format!("chronos_callbacks_{m}_total"));
+    let mut finished_us = now_us();
+    while Instant::now() < hard_stop {
+        let total = done("succeeded") + done("failed") + done("deferred");
+        finished_us = now_us();
+        if total >= expected as f64 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, failed) = (done("succeeded"), done("failed"));
+    let span_s = finished_us.saturating_sub(first_due_us) as f64 / 1e6;
+    println!(
+        "callbacks to the outside target: {ok} succeeded, {failed} failed, {} deferred of {expected}; due over {:.2} s, all done {:.2} s after the first was due: {:.0} callbacks/s",
+        done("deferred"),
+        last_due_us.saturating_sub(first_due_us) as f64 / 1e6,
+        span_s,
+        ok / span_s.max(1e-3)
+    );
+    if ok < expected as f64 {
+        return Err(format!(
+            "{} callbacks did not succeed",
+            expected as f64 - ok
+        ));
     }
     Ok(())
 }
