@@ -12,10 +12,11 @@
 
 use super::permits::{Permit, Permits};
 use super::{format_u32, uri};
+use crate::runtime::notify::Notify;
 use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
@@ -43,6 +44,8 @@ const FIRST_READ: usize = 1024;
 
 struct HostPool {
     idle: RefCell<Vec<TcpStream>>,
+    /// Requests waiting for a lane (callbacks), oldest first.
+    jobs: RefCell<VecDeque<Rc<Job>>>,
     permits: Permits,
     /// Requests waiting for a connection permit.
     waiting: Cell<usize>,
@@ -57,6 +60,71 @@ impl HostPool {
         if idle.len() < IDLE_PER_HOST_MAX {
             idle.push(stream);
         }
+    }
+}
+
+/// Requests per pipelined callback batch.
+pub const LANE_BATCH_MAX: usize = 64;
+/// Batches a lane sends before it lets its permit go.
+const LANE_TURNS_MAX: usize = 16;
+
+/// A request queued for its target's lanes.
+struct Job {
+    request: RefCell<Vec<u8>>,
+    /// A lane took it (it is on the wire, or about to be).
+    taken: Cell<bool>,
+    /// Its caller gave up before a lane took it: lanes skip it.
+    withdrawn: Cell<bool>,
+    /// The status, or why there is none; set by the lane.
+    result: RefCell<Option<Result<u16, String>>>,
+    done: Notify,
+}
+
+impl Job {
+    fn new(request: Vec<u8>) -> Job {
+        Job {
+            request: RefCell::new(request),
+            taken: Cell::new(false),
+            withdrawn: Cell::new(false),
+            result: RefCell::new(None),
+            done: Notify::default(),
+        }
+    }
+}
+
+/// Withdraws a job not yet taken when its caller stops waiting.
+struct Withdraw<'a>(&'a Job);
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        if !self.0.taken.get() {
+            self.0.withdrawn.set(true);
+        }
+    }
+}
+
+/// What a queued request's wait ended with.
+enum Turn<'p> {
+    /// A permit: this caller runs a lane.
+    Lane(Permit<'p>),
+    /// A lane answered it.
+    Served,
+    /// `wait` passed.
+    WaitedOut,
+}
+
+/// Up to `LANE_BATCH_MAX` live jobs from the front of `pool`'s queue,
+/// marked taken.
+fn take_jobs(pool: &HostPool, batch: &mut Vec<Rc<Job>>) {
+    assert!(batch.is_empty());
+    let mut jobs = pool.jobs.borrow_mut();
+    while batch.len() < LANE_BATCH_MAX {
+        let Some(job) = jobs.pop_front() else { break };
+        if job.withdrawn.get() {
+            continue;
+        }
+        job.taken.set(true);
+        batch.push(job);
     }
 }
 
@@ -176,15 +244,177 @@ impl Client {
             body: opaque,
             want_body: false,
         };
-        let response = self.send(&request, wait).await?;
-        if (200..300).contains(&response.status) {
+        let status = self.send_queued(&request, wait).await?;
+        if (200..300).contains(&status) {
             Ok(())
         } else {
             Err(RequestError {
                 sent: true,
-                reason: format!("callback answered {}", response.status),
+                reason: format!("callback answered {status}"),
             })
         }
+    }
+
+    /// Queue `r` for its target's lanes and wait for its status. Whichever
+    /// waiting request gets a connection permit becomes a lane: it sends
+    /// the queued requests (its own among them, or not) in pipelined
+    /// batches of up to `LANE_BATCH_MAX` on one connection until the queue
+    /// is empty or it has sent `LANE_TURNS_MAX` batches. So a burst to one
+    /// target costs one write and a few reads per batch, not per request,
+    /// and at most `per_host_max` connections. A request not taken by a
+    /// lane within `wait` is withdrawn, unsent.
+    async fn send_queued(
+        &self,
+        r: &Request<'_>,
+        wait: Option<Duration>,
+    ) -> Result<u16, RequestError> {
+        self.in_flight.set(self.in_flight.get() + 1);
+        let _guard = InFlight(&self.in_flight);
+        let unsent = |reason: String| RequestError {
+            sent: false,
+            reason,
+        };
+        let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
+        let pool = self.pool(addr);
+        let failing = pool
+            .failed_at
+            .get()
+            .is_some_and(|t| t.elapsed() < FAILING_FOR);
+        if failing && pool.jobs.borrow().len() >= QUEUED_PER_HOST_MAX {
+            return Err(unsent(format!(
+                "{addr} is failing and {QUEUED_PER_HOST_MAX} requests already wait for it"
+            )));
+        }
+        let mut request = self.take_buffer();
+        build_request(
+            &mut request,
+            r.method,
+            r.path,
+            r.authority,
+            r.headers,
+            r.body,
+        );
+        let job = Rc::new(Job::new(request));
+        pool.jobs.borrow_mut().push_back(job.clone());
+        let _withdraw = Withdraw(&job);
+        let wait_until = wait.map(|w| Instant::now() + w);
+        loop {
+            if let Some(result) = job.result.borrow_mut().take() {
+                self.give_buffer(job.request.take());
+                return result.map_err(|reason| RequestError { sent: true, reason });
+            }
+            if job.taken.get() {
+                job.done.wait().await;
+                continue;
+            }
+            match self.lane_or_served(&pool, &job, wait_until).await {
+                Turn::Lane(permit) => {
+                    self.run_lane(&pool, addr).await;
+                    drop(permit);
+                }
+                Turn::Served => {}
+                Turn::WaitedOut if job.taken.get() => {}
+                Turn::WaitedOut => {
+                    return Err(unsent(format!(
+                        "no connection to {addr} free within {} ms",
+                        wait.unwrap_or_default().as_millis()
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Wait for a lane's permit, for a lane to serve `job`, or for
+    /// `wait_until`, whichever comes first.
+    async fn lane_or_served<'p>(
+        &self,
+        pool: &'p HostPool,
+        job: &Job,
+        wait_until: Option<Instant>,
+    ) -> Turn<'p> {
+        let lane = async { Turn::Lane(pool.permits.acquire().await) };
+        let served = async {
+            job.done.wait().await;
+            Turn::Served
+        };
+        let deadline = async {
+            match wait_until {
+                Some(t) => glommio::timer::sleep(t.saturating_duration_since(Instant::now())).await,
+                None => future::pending::<()>().await,
+            }
+            Turn::WaitedOut
+        };
+        future::or(future::or(served, lane), deadline).await
+    }
+
+    /// Send the target's queued requests in pipelined batches (see
+    /// `send_queued`), handing each its status or the failure.
+    async fn run_lane(&self, pool: &HostPool, addr: SocketAddr) {
+        let mut batch: Vec<Rc<Job>> = Vec::with_capacity(LANE_BATCH_MAX);
+        let mut bytes = self.take_buffer();
+        let mut statuses = Vec::with_capacity(LANE_BATCH_MAX);
+        for _ in 0..LANE_TURNS_MAX {
+            take_jobs(pool, &mut batch);
+            if batch.is_empty() {
+                break;
+            }
+            bytes.clear();
+            for job in &batch {
+                bytes.extend_from_slice(&job.request.borrow());
+            }
+            let result = self
+                .exchange_jobs(pool, addr, &bytes, batch.len(), &mut statuses)
+                .await;
+            pool.failed_at.set(result.is_err().then(Instant::now));
+            for (i, job) in batch.drain(..).enumerate() {
+                let outcome = match (statuses.get(i), &result) {
+                    (Some(&status), _) => Ok(status),
+                    (None, Err(e)) => Err(e.clone()),
+                    (None, Ok(())) => Err("no answer".to_string()),
+                };
+                *job.result.borrow_mut() = Some(outcome);
+                job.done.notify();
+            }
+        }
+        self.give_buffer(bytes);
+    }
+
+    /// One pipelined batch of `count` queued requests within the timeout
+    /// (counted from the send); a reused connection that gives nothing back
+    /// is retried once on a fresh one.
+    async fn exchange_jobs(
+        &self,
+        pool: &HostPool,
+        addr: SocketAddr,
+        bytes: &[u8],
+        count: usize,
+        statuses: &mut Vec<u16>,
+    ) -> Result<(), String> {
+        statuses.clear();
+        let deadline = Instant::now() + self.timeout;
+        let work = async {
+            for attempt in 0..2 {
+                let (mut stream, reused) = self.take_connection(pool, addr, deadline).await?;
+                match exchange_batch(&mut stream, bytes, count, statuses).await {
+                    Ok(keep) => {
+                        if keep {
+                            pool.give_back(stream);
+                        }
+                        return Ok(());
+                    }
+                    Err(Exchange::NothingBack(_))
+                        if reused && attempt == 0 && statuses.is_empty() =>
+                    {
+                        continue
+                    }
+                    Err(Exchange::NothingBack(e) | Exchange::Failed(e)) => return Err(e),
+                }
+            }
+            unreachable!("the second attempt returns")
+        };
+        let result = future::or(work, self.expire(deadline)).await;
+        assert!(statuses.len() <= count);
+        result
     }
 
     /// One request with the total timeout applied. `want_body`: keep the body.
@@ -229,16 +459,7 @@ impl Client {
             sent: false,
             reason,
         };
-        let (host, port) = (r.host, r.port);
-        let addr = future::or(self.resolve(host, port), async {
-            glommio::timer::sleep(self.timeout).await;
-            Err(format!(
-                "cannot resolve {host} within {} ms",
-                self.timeout.as_millis()
-            ))
-        })
-        .await
-        .map_err(unsent)?;
+        let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
         let pool = self.pool(addr);
         let _permit = self.permit(&pool, addr, wait).await.map_err(unsent)?;
         // The timeout of the request itself starts when it is sent (seed
@@ -316,6 +537,18 @@ impl Client {
         let result = future::or(work, expire).await;
         assert!(statuses.len() <= count);
         result
+    }
+
+    /// Resolve `host`, within the timeout.
+    async fn resolve_within(&self, host: &str, port: u16) -> Result<SocketAddr, String> {
+        future::or(self.resolve(host, port), async {
+            glommio::timer::sleep(self.timeout).await;
+            Err(format!(
+                "cannot resolve {host} within {} ms",
+                self.timeout.as_millis()
+            ))
+        })
+        .await
     }
 
     /// Wait for a connection permit: bounded in time by `wait` (`None`: the
@@ -397,6 +630,7 @@ impl Client {
         let pool = Rc::new(HostPool {
             idle: RefCell::new(Vec::new()),
             permits: Permits::new(self.per_host_max),
+            jobs: RefCell::new(VecDeque::new()),
             waiting: Cell::new(0),
             failed_at: Cell::new(None),
         });
@@ -511,7 +745,11 @@ impl Recv {
         // are a few hundred bytes), full chunks once more is coming. (A
         // zeroed 16 KiB stack chunk per callback was 6% of a shard's time
         // in the 100 k pop burst.)
-        let want = if self.total == 0 { FIRST_READ } else { READ_CHUNK };
+        let want = if self.total == 0 {
+            FIRST_READ
+        } else {
+            READ_CHUNK
+        };
         let start = self.buf.len();
         self.buf.resize(start + want, 0);
         let fail = |total: usize, e: String| {
