@@ -64,7 +64,7 @@ impl HostPool {
 }
 
 /// Requests per pipelined callback batch.
-pub const LANE_BATCH_MAX: usize = 64;
+pub const LANE_BATCH_MAX: usize = 256;
 /// Batches a lane sends before it lets its permit go.
 const LANE_TURNS_MAX: usize = 16;
 
