@@ -46,6 +46,8 @@ struct HostPool {
     idle: RefCell<Vec<TcpStream>>,
     /// Requests waiting for a lane (callbacks), oldest first.
     jobs: RefCell<VecDeque<Rc<Job>>>,
+    /// Requests per pipelined batch to this target (adapted per batch).
+    batch_limit: Cell<usize>,
     permits: Permits,
     /// Requests waiting for a connection permit.
     waiting: Cell<usize>,
@@ -65,6 +67,8 @@ impl HostPool {
 
 /// Requests per pipelined callback batch.
 pub const LANE_BATCH_MAX: usize = 256;
+/// Requests in the first batch to a target, before its speed is known.
+const LANE_BATCH_FIRST: usize = 4;
 /// Batches a lane sends before it lets its permit go.
 const LANE_TURNS_MAX: usize = 16;
 
@@ -117,8 +121,10 @@ enum Turn<'p> {
 /// marked taken.
 fn take_jobs(pool: &HostPool, batch: &mut Vec<Rc<Job>>) {
     assert!(batch.is_empty());
+    let limit = pool.batch_limit.get();
+    assert!((1..=LANE_BATCH_MAX).contains(&limit));
     let mut jobs = pool.jobs.borrow_mut();
-    while batch.len() < LANE_BATCH_MAX {
+    while batch.len() < limit {
         let Some(job) = jobs.pop_front() else { break };
         if job.withdrawn.get() {
             continue;
@@ -362,10 +368,12 @@ impl Client {
             for job in &batch {
                 bytes.extend_from_slice(&job.request.borrow());
             }
+            let sent_at = Instant::now();
             let result = self
                 .exchange_jobs(pool, addr, &bytes, batch.len(), &mut statuses)
                 .await;
             pool.failed_at.set(result.is_err().then(Instant::now));
+            self.adapt_batch(pool, batch.len(), sent_at.elapsed(), result.is_ok());
             for (i, job) in batch.drain(..).enumerate() {
                 let outcome = match (statuses.get(i), &result) {
                     (Some(&status), _) => Ok(status),
@@ -377,6 +385,24 @@ impl Client {
             }
         }
         self.give_buffer(bytes);
+    }
+
+    /// Size the target's next batches so that one is answered well within
+    /// the timeout: a pipelined request waits for the ones before it, and
+    /// its timeout counts from the send. The aim is an eighth of the
+    /// timeout at the answer rate just seen; it at most doubles per batch,
+    /// and halves on a failure. (A target that takes 20 ms per request gets
+    /// batches of about 9 at the default 1.5 s; nginx gets 256.)
+    fn adapt_batch(&self, pool: &HostPool, count: usize, took: Duration, ok: bool) {
+        let old = pool.batch_limit.get();
+        let next = if ok {
+            let per_request_us = (took.as_micros() as u64 / count as u64).max(1);
+            let aim_us = self.timeout.as_micros() as u64 / 8;
+            ((aim_us / per_request_us) as usize).min(old * 2)
+        } else {
+            old / 2
+        };
+        pool.batch_limit.set(next.clamp(1, LANE_BATCH_MAX));
     }
 
     /// One pipelined batch of `count` queued requests within the timeout
@@ -631,6 +657,7 @@ impl Client {
             idle: RefCell::new(Vec::new()),
             permits: Permits::new(self.per_host_max),
             jobs: RefCell::new(VecDeque::new()),
+            batch_limit: Cell::new(LANE_BATCH_FIRST),
             waiting: Cell::new(0),
             failed_at: Cell::new(None),
         });
