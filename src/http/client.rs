@@ -151,7 +151,27 @@ struct Request<'a> {
 #[derive(Debug)]
 pub struct RequestError {
     pub sent: bool,
+    /// Not sent because no connection came free within the caller's wait.
+    pub waited_out: bool,
     pub reason: String,
+}
+
+impl RequestError {
+    fn unsent(reason: String) -> RequestError {
+        RequestError {
+            sent: false,
+            waited_out: false,
+            reason,
+        }
+    }
+
+    fn sent(reason: String) -> RequestError {
+        RequestError {
+            sent: true,
+            waited_out: false,
+            reason,
+        }
+    }
 }
 
 impl std::fmt::Display for RequestError {
@@ -226,10 +246,7 @@ impl Client {
         sequence: u32,
         wait: Option<Duration>,
     ) -> Result<(), RequestError> {
-        let unsent = |reason: String| RequestError {
-            sent: false,
-            reason,
-        };
+        let unsent = RequestError::unsent;
         let uri = std::str::from_utf8(&data[..uri_len])
             .map_err(|_| unsent("callback URI is not UTF-8".to_string()))?;
         let opaque = &data[uri_len..];
@@ -254,10 +271,7 @@ impl Client {
         if (200..300).contains(&status) {
             Ok(())
         } else {
-            Err(RequestError {
-                sent: true,
-                reason: format!("callback answered {status}"),
-            })
+            Err(RequestError::sent(format!("callback answered {status}")))
         }
     }
 
@@ -276,10 +290,7 @@ impl Client {
     ) -> Result<u16, RequestError> {
         self.in_flight.set(self.in_flight.get() + 1);
         let _guard = InFlight(&self.in_flight);
-        let unsent = |reason: String| RequestError {
-            sent: false,
-            reason,
-        };
+        let unsent = RequestError::unsent;
         let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
         let pool = self.pool(addr);
         let failing = pool
@@ -307,7 +318,7 @@ impl Client {
         loop {
             if let Some(result) = job.result.borrow_mut().take() {
                 self.give_buffer(job.request.take());
-                return result.map_err(|reason| RequestError { sent: true, reason });
+                return result.map_err(RequestError::sent);
             }
             if job.taken.get() {
                 job.done.wait().await;
@@ -321,10 +332,13 @@ impl Client {
                 Turn::Served => {}
                 Turn::WaitedOut if job.taken.get() => {}
                 Turn::WaitedOut => {
-                    return Err(unsent(format!(
-                        "no connection to {addr} free within {} ms",
-                        wait.unwrap_or_default().as_millis()
-                    )))
+                    return Err(RequestError {
+                        waited_out: true,
+                        ..unsent(format!(
+                            "no connection to {addr} free within {} ms",
+                            wait.unwrap_or_default().as_millis()
+                        ))
+                    })
                 }
             }
         }
@@ -481,10 +495,7 @@ impl Client {
     ) -> Result<Response, RequestError> {
         self.in_flight.set(self.in_flight.get() + 1);
         let _guard = InFlight(&self.in_flight);
-        let unsent = |reason: String| RequestError {
-            sent: false,
-            reason,
-        };
+        let unsent = RequestError::unsent;
         let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
         let pool = self.pool(addr);
         let _permit = self.permit(&pool, addr, wait).await.map_err(unsent)?;
@@ -515,7 +526,7 @@ impl Client {
         let result = future::or(work, self.expire(deadline)).await;
         self.give_buffer(out);
         pool.failed_at.set(result.is_err().then(Instant::now));
-        result.map_err(|reason| RequestError { sent: true, reason })
+        result.map_err(RequestError::sent)
     }
 
     /// A pipelined batch: `requests` holds `count` complete requests, written

@@ -170,10 +170,10 @@ fn dispatch(shard: &Rc<Shard>, timer: &Timer) {
                 shard.replicate_pop(unique, version, sequence);
             }
             Err(e) => {
-                let counter = if e.sent || wait.is_none() {
-                    &stats.callbacks_failed
-                } else {
+                let counter = if e.waited_out {
                     &stats.callbacks_deferred
+                } else {
+                    &stats.callbacks_failed
                 };
                 ShardStats::add(counter, 1);
                 tracing::debug!(target: "chronos::callback", "callback {sequence} failed: {e}");
