@@ -588,3 +588,33 @@ fn a_delete_refused_for_a_while_is_retried_and_the_timer_never_pops() {
     assert!(nodes[0].metric("chronos_replication_retried_total") >= 1.0);
     assert_eq!(nodes[0].metric("chronos_replication_failed_total"), 0.0);
 }
+
+/// Issue 13: a pop that has a later replica waits at most
+/// `callback-wait-ms` for a connection to its target, then leaves the pop
+/// to that replica: late by one skew, not failed, and not a duplicate.
+#[test]
+fn a_pop_waiting_too_long_for_a_connection_is_left_to_the_backup() {
+    let extra = "[timers]\ncallback-connections-per-host-max = 1\n";
+    let nodes = start_cluster(2, 1, extra);
+    let sink = Sink::start(Behaviour::Slow(Duration::from_millis(100)));
+    let n = 30;
+    for i in 0..n {
+        nodes[i % 2].create(&body("1", None, &sink.uri(&format!("/w/{i}")), "x", 2));
+    }
+    let pops = sink.wait_for(
+        n,
+        Duration::from_secs(1) + SKEW + MARGIN + Duration::from_secs(10),
+    );
+    let grouped = by_path(&pops);
+    assert_eq!(grouped.len(), n, "every timer pops");
+    std::thread::sleep(SKEW);
+    for (path, list) in by_path(&sink.pops()) {
+        assert_eq!(list.len(), 1, "{path} popped {} times", list.len());
+    }
+    let metric = |m: &str| nodes.iter().map(|x| x.metric(m)).sum::<f64>();
+    assert!(
+        metric("chronos_callbacks_deferred_total") > 0.0,
+        "some pops were left to the backup"
+    );
+    assert_eq!(metric("chronos_callbacks_failed_total"), 0.0);
+}
