@@ -154,3 +154,53 @@ fn a_broker_outage_and_restart_loses_nothing() {
     // before its row was deleted.
     assert_eq!(reader.seen().len(), 30, "a message came out twice");
 }
+
+/// Two nodes hold rows through a broker outage longer than the hold time.
+/// Each refreshes `readied_at` of the rows it holds, so neither node's
+/// failure detection takes the other for dead: no row is reset, and every
+/// message comes out once after the broker returns.
+#[test]
+fn a_broker_outage_past_the_hold_time_resets_no_live_node_s_rows() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = setup("kout2", 2);
+    let a = s.node("hold-time-ms = 2000");
+    let b = s.node("hold-time-ms = 2000");
+    let p = producer(&s.broker.brokers());
+    let due = now_ms() + 8_000;
+    let dl = iso(due);
+    let keys: Vec<String> = (0..40).map(|i| format!("h{i}")).collect();
+    let inputs: Vec<Input> = keys
+        .iter()
+        .map(|k| Input {
+            key: Some(k),
+            value: b"v",
+            headers: vec![("chronosMessageId", k), ("chronosDeadline", &dl)],
+        })
+        .collect();
+    produce(&p, &s.input, &inputs);
+    drop(p);
+    wait_rows_at_least(&s.table, 40, &a);
+    s.broker.kill();
+    wait_not_ready(&a, "Kafka", Duration::from_secs(10));
+    // Both nodes claim their share at the deadline minus the look-ahead,
+    // then hold it through 5 s of outage: more than twice the hold time.
+    while now_ms() < due + 4_000 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let resets = a.metric("chronos_queue_reset_total") + b.metric("chronos_queue_reset_total");
+    s.restart_broker(2);
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let seen = reader.wait_for(40, Duration::from_secs(40));
+    let got: BTreeSet<String> = seen.iter().map(|o| o.key.clone().unwrap()).collect();
+    assert_eq!(got.len(), 40, "lost {}", 40 - got.len());
+    assert_eq!(resets, 0.0, "a live node's rows were reset");
+    let until = Instant::now() + Duration::from_secs(10);
+    while table_rows(&s.table) > 0 {
+        assert!(
+            Instant::now() < until,
+            "rows left after the acknowledgements"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(reader.seen().len(), 40, "a message came out twice");
+}

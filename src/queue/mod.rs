@@ -223,6 +223,7 @@ impl QueueShard {
             gate.spawn(q.clone().fire_loop());
             gate.spawn(q.clone().delete_loop());
             gate.spawn(q.clone().delivery_loop());
+            gate.spawn(q.clone().refresh_loop());
             if q.shard == 0 {
                 gate.spawn(q.clone().failure_detection_loop());
             }

@@ -56,6 +56,7 @@ pub struct Conn {
     pub delete: Statement,
     pub stuck: Statement,
     pub reset: Statement,
+    pub refresh: Statement,
     /// Set when the connection task ends.
     broken: Rc<Cell<bool>>,
 }
@@ -353,8 +354,14 @@ async fn prepare(client: Client, t: &str, broken: Rc<Cell<bool>>) -> Result<Conn
          RETURNING t.id, s.b"
     ))
     .await?;
+    let refresh = prep(format!(
+        "UPDATE {t} SET readied_at = $1
+         WHERE id = ANY($2::text[]) AND readied_by = $3::text::uuid"
+    ))
+    .await?;
     Ok(Conn {
         client,
+        refresh,
         insert,
         exists,
         ready,
