@@ -618,3 +618,31 @@ fn a_pop_waiting_too_long_for_a_connection_is_left_to_the_backup() {
     );
     assert_eq!(metric("chronos_callbacks_failed_total"), 0.0);
 }
+
+/// Issue 13: a node that takes a `POST` but is not one of the timer's
+/// replicas keeps nothing of it (it used to keep a tombstone for a whole
+/// interval, counted against `timers-per-shard-max`).
+#[test]
+fn a_creator_that_is_not_a_replica_keeps_nothing() {
+    let nodes = start_cluster(3, 1, "");
+    let port = nodes[0].addr.port();
+    let mut elsewhere = 0;
+    for i in 0..30 {
+        let id = nodes[0].create(&body(
+            "600",
+            None,
+            &format!("http://127.0.0.1:9/{i}"),
+            "x",
+            1,
+        ));
+        elsewhere += usize::from(replicas_of(&id, 3, port, 1) != [1]);
+    }
+    assert!(elsewhere > 0, "some timers are placed on other nodes");
+    nodes[0].wait_replication_settled(Duration::from_secs(5));
+    assert_eq!(nodes[0].metric("chronos_tombstones"), 0.0);
+    assert_eq!(
+        nodes[0].metric("chronos_timers_pending") as usize,
+        30 - elsewhere,
+        "node 1 holds exactly the timers it is the replica of"
+    );
+}

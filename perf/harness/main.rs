@@ -665,10 +665,10 @@ fn http_mode(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// One unlabelled counter from a node's `/metrics` (0 if absent).
-fn counter(addr: SocketAddr, metric: &str) -> f64 {
+/// A node's `/metrics` text (empty if it cannot be read).
+fn metrics_text(addr: SocketAddr) -> String {
     let Ok(mut s) = TcpStream::connect(addr) else {
-        return 0.0;
+        return String::new();
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
     let _ = s.write_all(
@@ -676,7 +676,13 @@ fn counter(addr: SocketAddr, metric: &str) -> f64 {
     );
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
-    text.lines()
+    text
+}
+
+/// One unlabelled counter in a `/metrics` text (0 if absent).
+fn counter(metrics: &str, metric: &str) -> f64 {
+    metrics
+        .lines()
         .find_map(|l| {
             l.strip_prefix(metric)?
                 .strip_prefix(' ')?
@@ -696,21 +702,26 @@ fn wait_external(
     last_due_us: u64,
     hard_stop: Instant,
 ) -> Result<(), String> {
-    let done = |m: &str| counter(node, &format!("chronos_callbacks_{m}_total"));
+    // (succeeded, failed, deferred), from one scrape.
+    let outcomes = || {
+        let text = metrics_text(node);
+        let n = |m: &str| counter(&text, &format!("chronos_callbacks_{m}_total"));
+        (n("succeeded"), n("failed"), n("deferred"))
+    };
     let mut finished_us = now_us();
+    let mut seen = outcomes();
     while Instant::now() < hard_stop {
-        let total = done("succeeded") + done("failed") + done("deferred");
         finished_us = now_us();
-        if total >= expected as f64 {
+        if seen.0 + seen.1 + seen.2 >= expected as f64 {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
+        seen = outcomes();
     }
-    let (ok, failed) = (done("succeeded"), done("failed"));
+    let (ok, failed, deferred) = seen;
     let span_s = finished_us.saturating_sub(first_due_us) as f64 / 1e6;
     println!(
-        "callbacks to the outside target: {ok} succeeded, {failed} failed, {} deferred of {expected}; due over {:.2} s, all done {:.2} s after the first was due: {:.0} callbacks/s",
-        done("deferred"),
+        "callbacks to the outside target: {ok} succeeded, {failed} failed, {deferred} deferred of {expected}; due over {:.2} s, all done {:.2} s after the first was due: {:.0} callbacks/s",
         last_due_us.saturating_sub(first_due_us) as f64 / 1e6,
         span_s,
         ok / span_s.max(1e-3)
@@ -726,16 +737,8 @@ fn wait_external(
 
 /// `(le, cumulative count)` of one histogram from a node's `/metrics`.
 fn scrape(addr: SocketAddr, metric: &str) -> Vec<(String, u64)> {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return Vec::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = s.write_all(
-        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-    );
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    text.lines()
+    metrics_text(addr)
+        .lines()
         .filter_map(|l| l.strip_prefix(metric))
         .filter_map(|rest| {
             let le = rest.split('"').nth(1)?.to_string();

@@ -1,11 +1,14 @@
 //! The one HTTP/1.1 client of a shard: callbacks, replication, and the
 //! resync and cross-site traffic to come.
 //!
-//! Per shard, per target `ip:port`: a pool of keep-alive connections. Single
-//! requests ([`Client::request`], [`Client::callback`]) take one of at most
-//! `per_host_max` connection permits (further requests wait for one, within
-//! their total timeout); a pipelined batch ([`Client::pipeline`]) is written
-//! in one `write_all` on one pooled connection and answered in order. Every
+//! Per shard, per target `ip:port`: a pool of keep-alive connections and at
+//! most `per_host_max` connection permits (FIFO, `permits.rs`). A single
+//! request ([`Client::request`]) waits for a permit within its timeout. A
+//! callback ([`Client::callback`]) joins the target's queue; whichever
+//! waiting callback gets a permit becomes a lane and sends the queue in
+//! pipelined batches sized to the target's answer rate. A pipelined batch
+//! ([`Client::pipeline`]) is written in one `write_all` on one pooled
+//! connection and answered in order. Every
 //! request has a connect timeout and a total timeout. Responses are framed
 //! with `httparse` by one reader ([`read_response`]): Content-Length,
 //! chunked, or close-delimited bodies, bounded in size.
@@ -56,6 +59,22 @@ struct HostPool {
 }
 
 impl HostPool {
+    /// A target that has just failed takes at most `QUEUED_PER_HOST_MAX`
+    /// waiting requests (`queued` now): beyond it they fail at once, so a
+    /// dead target cannot hold every in-flight slot.
+    fn admit_waiter(&self, addr: SocketAddr, queued: usize) -> Result<(), String> {
+        let failing = self
+            .failed_at
+            .get()
+            .is_some_and(|t| t.elapsed() < FAILING_FOR);
+        if failing && queued >= QUEUED_PER_HOST_MAX {
+            return Err(format!(
+                "{addr} is failing and {QUEUED_PER_HOST_MAX} requests already wait for it"
+            ));
+        }
+        Ok(())
+    }
+
     /// Keep a connection that can be reused (up to `IDLE_PER_HOST_MAX`).
     fn give_back(&self, stream: TcpStream) {
         let mut idle = self.idle.borrow_mut();
@@ -191,19 +210,9 @@ pub struct Client {
     timeout: Duration,
     connect_timeout: Duration,
     per_host_max: usize,
-    in_flight: Cell<usize>,
     pools: RefCell<HashMap<SocketAddr, Rc<HostPool>>>,
     names: RefCell<HashMap<String, (SocketAddr, Instant)>>,
     spare: RefCell<Vec<Vec<u8>>>,
-}
-
-/// Keeps `in_flight` honest on every exit path.
-struct InFlight<'a>(&'a Cell<usize>);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.set(self.0.get() - 1);
-    }
 }
 
 /// A client's timeouts and bounds.
@@ -223,16 +232,10 @@ impl Client {
             timeout: cfg.timeout,
             connect_timeout: cfg.connect_timeout.min(cfg.timeout),
             per_host_max: cfg.per_host_max,
-            in_flight: Cell::new(0),
             pools: RefCell::new(HashMap::new()),
             names: RefCell::new(HashMap::new()),
             spare: RefCell::new(Vec::new()),
         }
-    }
-
-    /// Requests currently in flight on this shard.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.get()
     }
 
     /// Deliver one pop: `POST <uri>` with the opaque data, `X-Sequence-Number`
@@ -288,20 +291,11 @@ impl Client {
         r: &Request<'_>,
         wait: Option<Duration>,
     ) -> Result<u16, RequestError> {
-        self.in_flight.set(self.in_flight.get() + 1);
-        let _guard = InFlight(&self.in_flight);
         let unsent = RequestError::unsent;
         let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
         let pool = self.pool(addr);
-        let failing = pool
-            .failed_at
-            .get()
-            .is_some_and(|t| t.elapsed() < FAILING_FOR);
-        if failing && pool.jobs.borrow().len() >= QUEUED_PER_HOST_MAX {
-            return Err(unsent(format!(
-                "{addr} is failing and {QUEUED_PER_HOST_MAX} requests already wait for it"
-            )));
-        }
+        pool.admit_waiter(addr, pool.jobs.borrow().len())
+            .map_err(unsent)?;
         let mut request = self.take_buffer();
         build_request(
             &mut request,
@@ -384,7 +378,7 @@ impl Client {
             }
             let sent_at = Instant::now();
             let result = self
-                .exchange_jobs(pool, addr, &bytes, batch.len(), &mut statuses)
+                .pipeline(addr, &bytes, batch.len(), self.timeout, &mut statuses)
                 .await;
             pool.failed_at.set(result.is_err().then(Instant::now));
             self.adapt_batch(pool, batch.len(), sent_at.elapsed(), result.is_ok());
@@ -417,44 +411,6 @@ impl Client {
             old / 2
         };
         pool.batch_limit.set(next.clamp(1, LANE_BATCH_MAX));
-    }
-
-    /// One pipelined batch of `count` queued requests within the timeout
-    /// (counted from the send); a reused connection that gives nothing back
-    /// is retried once on a fresh one.
-    async fn exchange_jobs(
-        &self,
-        pool: &HostPool,
-        addr: SocketAddr,
-        bytes: &[u8],
-        count: usize,
-        statuses: &mut Vec<u16>,
-    ) -> Result<(), String> {
-        statuses.clear();
-        let deadline = Instant::now() + self.timeout;
-        let work = async {
-            for attempt in 0..2 {
-                let (mut stream, reused) = self.take_connection(pool, addr, deadline).await?;
-                match exchange_batch(&mut stream, bytes, count, statuses).await {
-                    Ok(keep) => {
-                        if keep {
-                            pool.give_back(stream);
-                        }
-                        return Ok(());
-                    }
-                    Err(Exchange::NothingBack(_))
-                        if reused && attempt == 0 && statuses.is_empty() =>
-                    {
-                        continue
-                    }
-                    Err(Exchange::NothingBack(e) | Exchange::Failed(e)) => return Err(e),
-                }
-            }
-            unreachable!("the second attempt returns")
-        };
-        let result = future::or(work, self.expire(deadline)).await;
-        assert!(statuses.len() <= count);
-        result
     }
 
     /// One request with the total timeout applied. `want_body`: keep the body.
@@ -493,8 +449,6 @@ impl Client {
         r: &Request<'_>,
         wait: Option<Duration>,
     ) -> Result<Response, RequestError> {
-        self.in_flight.set(self.in_flight.get() + 1);
-        let _guard = InFlight(&self.in_flight);
         let unsent = RequestError::unsent;
         let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
         let pool = self.pool(addr);
@@ -533,8 +487,9 @@ impl Client {
     /// at once on one pooled connection to `addr` and answered in order.
     /// `statuses` receives the status of each request answered, in order;
     /// `Err` says why the rest went unanswered. A connection kept idle that
-    /// gives nothing back is retried once on a fresh one. Batches hold no
-    /// single-request permit: their sender bounds them (one at a time).
+    /// gives nothing back is retried once on a fresh one. It takes no
+    /// connection permit: its caller bounds its batches (a replication
+    /// sender sends one at a time; a callback lane holds a permit).
     pub async fn pipeline(
         &self,
         addr: SocketAddr,
@@ -599,15 +554,7 @@ impl Client {
         addr: SocketAddr,
         wait: Option<Duration>,
     ) -> Result<Permit<'p>, String> {
-        let failing = pool
-            .failed_at
-            .get()
-            .is_some_and(|t| t.elapsed() < FAILING_FOR);
-        if failing && pool.waiting.get() >= QUEUED_PER_HOST_MAX {
-            return Err(format!(
-                "{addr} is failing and {QUEUED_PER_HOST_MAX} requests already wait for it"
-            ));
-        }
+        pool.admit_waiter(addr, pool.waiting.get())?;
         pool.waiting.set(pool.waiting.get() + 1);
         let permit = future::or(async { Ok(pool.permits.acquire().await) }, async {
             let Some(wait) = wait else {

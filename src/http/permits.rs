@@ -48,7 +48,8 @@ impl Permits {
     }
 
     /// Tasks waiting (including ones already dropped and not yet skipped).
-    pub fn waiting(&self) -> usize {
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
         self.waiters.borrow().len()
     }
 

@@ -127,11 +127,7 @@ impl QueueShard {
                     ShardStats::add(&self.stats().queue_rejected[REJECT_UNSTORABLE], 1);
                     tracing::warn!(target: "chronos::queue", id = ?s.ids[r.start], "input message rejected: Postgres cannot store it ({e}); skipped");
                 }
-                Err(QueryError::Permanent(_)) => {
-                    let mid = r.start + r.len() / 2;
-                    ranges.push(mid..r.end);
-                    ranges.push(r.start..mid);
-                }
+                Err(QueryError::Permanent(_)) => push_halves(&mut ranges, r),
             }
         }
         let stats = self.stats();
@@ -166,11 +162,7 @@ impl QueueShard {
                 Ok(rows) => waiting.extend(rows.iter().map(|row| row.get::<_, String>(0))),
                 Err(QueryError::Shutdown) => return None,
                 Err(QueryError::Permanent(_)) if r.len() == 1 => {}
-                Err(QueryError::Permanent(_)) => {
-                    let mid = r.start + r.len() / 2;
-                    ranges.push(mid..r.end);
-                    ranges.push(r.start..mid);
-                }
+                Err(QueryError::Permanent(_)) => push_halves(&mut ranges, r),
             }
         }
         Some(waiting)
@@ -213,4 +205,13 @@ impl QueueShard {
         }
         true
     }
+}
+
+/// Retry a refused range as its two halves, first half first (`ranges` is
+/// a stack). A refused single row is never split: the callers handle it.
+fn push_halves(ranges: &mut Vec<Range<usize>>, r: Range<usize>) {
+    assert!(r.len() >= 2, "a single row is not split");
+    let mid = r.start + r.len() / 2;
+    ranges.push(mid..r.end);
+    ranges.push(r.start..mid);
 }
