@@ -84,7 +84,9 @@ fn json(c: &mut Criterion) {
         opaque: "c2Vzc2lvbi0xMjM0NTY3ODkw",
         view_id: 90691053180028962,
         replicas: &replicas,
+        factor_requested: 2,
         tags: &tags,
+        start_time_unix_ms: None,
     };
     let mut out = Vec::with_capacity(1024);
     encode_body(&mut out, &body);

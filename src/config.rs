@@ -122,6 +122,17 @@ pub struct ClusterConfig {
     /// A replication message is retried until delivered, or until this
     /// long after it was queued (then given up, counted as failed).
     pub replication_deliver_within_ms: u64,
+    /// Timers asked for per resync GET (`Range`); pages are also bounded
+    /// in bytes by the serving node.
+    pub resync_page_timers: usize,
+    /// One resync request (GET page or DELETE) must be answered within this.
+    pub resync_timeout_ms: u64,
+    /// An unreachable node is retried (with backoff) this long before the
+    /// resync reports it and moves on.
+    pub resync_peer_retry_ms: u64,
+    /// Resync from the other nodes at start-up (a restarted node takes
+    /// back the replicas it holds).
+    pub resync_at_start: bool,
 }
 
 impl Default for ClusterConfig {
@@ -135,6 +146,10 @@ impl Default for ClusterConfig {
             replication_queue_max: 16_384,
             replication_queue_bytes_max: 64 * 1024 * 1024,
             replication_deliver_within_ms: 30_000,
+            resync_page_timers: 1000,
+            resync_timeout_ms: 10_000,
+            resync_peer_retry_ms: 30_000,
+            resync_at_start: true,
         }
     }
 }
@@ -419,6 +434,13 @@ impl Config {
                 crate::wheel::ENTRIES_MAX
             ));
         }
+        let c = &self.cluster;
+        if !(1..=10_000).contains(&c.resync_page_timers) || c.resync_timeout_ms == 0 {
+            return Err(
+                "[cluster] resync-page-timers must be 1 to 10000 and resync-timeout-ms positive"
+                    .into(),
+            );
+        }
         if self.cluster.replication_deliver_within_ms < self.cluster.replication_timeout_ms {
             return Err(
                 "[cluster] replication-deliver-within-ms must be at least replication-timeout-ms"
@@ -476,6 +498,7 @@ impl Config {
         };
         nodes.extend(self.cluster.joining.iter().cloned());
         Cluster::new(&localhost, &nodes, &self.cluster.leaving)
+            .map(|c| c.with_joining(self.cluster.joining.len().min(nodes.len() - 1)))
             .map_err(|e| format!("[cluster] {e}"))
     }
 

@@ -11,6 +11,9 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("resync") {
+        return resync_command(&args[1..]);
+    }
     let cli = match Cli::parse(&args, |k| std::env::var(k).ok()) {
         Ok(cli) => cli,
         Err(e) => {
@@ -90,4 +93,97 @@ fn log_resolved(cli: &Cli, resolved: &chronos::config::Resolved) {
         accept_steering = c.http.accept_steering.name(),
         "resolved configuration"
     );
+}
+
+/// `chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N]`:
+/// ask a running node for a resync (`POST /resync`); with `--wait`, poll
+/// `GET /cluster` until that run finished: exit 0 if it completed, 1 if it
+/// failed or the wait timed out, 2 on bad flags.
+fn resync_command(args: &[String]) -> ExitCode {
+    let (mut wait, mut all_views) = (false, false);
+    let mut address = "127.0.0.1:7253".to_string();
+    let mut timeout_s = 600u64;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = match flag.as_str() {
+            "--wait" => {
+                wait = true;
+                continue;
+            }
+            "--all-views" => {
+                all_views = true;
+                continue;
+            }
+            "--address" | "--timeout-s" => it.next(),
+            _ => None,
+        };
+        match (flag.as_str(), value) {
+            ("--address", Some(v)) => address = v.clone(),
+            ("--timeout-s", Some(v)) if v.parse::<u64>().is_ok() => timeout_s = v.parse().unwrap_or(600),
+            _ => {
+                eprintln!("chronos resync: bad argument {flag:?}; usage: chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N]");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    match resync_at(&address, wait, all_views, std::time::Duration::from_secs(timeout_s)) {
+        Ok(message) => {
+            println!("{message}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("chronos resync: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn resync_at(address: &str, wait: bool, all_views: bool, timeout: std::time::Duration) -> Result<String, String> {
+    let query = if all_views { "?all-views=true" } else { "" };
+    let (status, body) = admin_request(address, "POST", &format!("/resync{query}"))?;
+    if status != 202 {
+        return Err(format!("{address} answered {status}: {body}"));
+    }
+    let run = json_of(&body)?["run"].as_u64().ok_or("no run number in the answer")?;
+    if !wait {
+        return Ok(format!("resync run {run} requested"));
+    }
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let (status, body) = admin_request(address, "GET", "/cluster")?;
+        let report = json_of(&body)?;
+        let r = &report["resync"];
+        if status == 200 && r["finished-runs"].as_u64().unwrap_or(0) >= run {
+            // Runs finish in order, so the state is this run's or a later one's.
+            return match r["state"].as_str() {
+                Some("complete") => Ok(format!("resync run {run} complete: {r}")),
+                _ => Err(format!("resync run {run} failed: {r}")),
+            };
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("resync run {run} did not finish within the timeout: {r}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn json_of(body: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(body).map_err(|e| format!("an answer that is not JSON ({e}): {body}"))
+}
+
+/// One HTTP/1.1 request with `Connection: close`; `(status, body)`.
+fn admin_request(address: &str, method: &str, path: &str) -> Result<(u16, String), String> {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_secs(10);
+    let addr: std::net::SocketAddr = address.parse().map_err(|_| format!("{address:?} is not IP:PORT"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{address}: {e}"))?;
+    let _ = stream.set_read_timeout(Some(timeout));
+    let request = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).map_err(|e| format!("{address}: {e}"))?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).map_err(|e| format!("{address}: {e}"))?;
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("a truncated answer")?;
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or("no status line")?;
+    Ok((status, body.to_string()))
 }

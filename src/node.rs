@@ -7,7 +7,7 @@
 //!   queue, and the HTTP server with the API as its handler;
 //! - what a mesh message does on the shard that receives it ([`on_mesh`]);
 //! - what the signals other than SIGTERM/SIGINT do ([`signal_hook`]):
-//!   SIGHUP reloads the cluster, SIGUSR1 (resync) is logged;
+//!   SIGHUP reloads the cluster, SIGUSR1 starts a resync (shard 0 runs it);
 //! - what readiness means (`/ready`): every shard listening and, with
 //!   `[queue]`, Postgres and the broker.
 //!
@@ -23,6 +23,7 @@ use crate::http::server::{Limits, Server};
 use crate::queue::{QueueShard, QueueShared};
 use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
 use crate::runtime::{EngineConfig, ShardCtx, SignalHook, DRAIN_TIMEOUT, SIGHUP, SIGUSR1};
+use crate::shard::rebalance::resync_loop;
 use crate::shard::{pop_loop, MeshMsg, Reply, Shard};
 use crate::stats::ShardStats;
 use std::rc::Rc;
@@ -44,6 +45,8 @@ struct NodeShared {
     queue: Option<Arc<QueueShared>>,
     /// Shard `i`'s end of the reload channel.
     reloads: Vec<async_channel::Receiver<Arc<Reloaded>>>,
+    /// Shard 0's end of the resync channel (SIGUSR1).
+    resyncs: async_channel::Receiver<()>,
 }
 
 /// What a reload hands every shard: the new cluster and this node's
@@ -76,7 +79,8 @@ pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
         cluster: resolved.cluster.clone(),
         instance_id: resolved.instance_id,
     };
-    let hook = signal_hook(reload, current, reload_tx);
+    let (resync_tx, resyncs) = async_channel::bounded::<()>(RELOADS_QUEUED_MAX);
+    let hook = signal_hook(reload, current, reload_tx, resync_tx);
     let queue = match &resolved.config.queue {
         Some(q) => Some(QueueShared::start(q, shards)?),
         None => None,
@@ -86,6 +90,7 @@ pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
         stats,
         queue,
         reloads,
+        resyncs,
     });
     crate::runtime::run(&engine, hook, move |ctx| shard_main(ctx, node.clone()))
 }
@@ -114,6 +119,9 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
     }
     gate.spawn(pop_loop(shard.clone()));
     gate.spawn(take_reloads(shard.clone(), node.reloads[index].clone()));
+    if index == 0 {
+        start_resync(&shard, node.resyncs.clone());
+    }
     if let Some(q) = &node.queue {
         QueueShard::start(q.clone(), index, node.stats.clone(), gate.clone());
     }
@@ -161,8 +169,26 @@ async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Rel
     }
 }
 
+/// Shard 0 runs the resyncs: asked for by SIGUSR1, `POST /resync`, and
+/// (with `resync-at-start`, when there are other nodes) at start-up, to
+/// take back the replicas this node holds.
+fn start_resync(shard: &Rc<Shard>, signals: async_channel::Receiver<()>) {
+    assert_eq!(shard.id, 0, "shard 0 runs the resyncs");
+    shard.gate.spawn(resync_loop(shard.clone()));
+    let at_start = shard.resolved.config.cluster.resync_at_start;
+    if at_start && shard.has_peers() && shard.cluster().local.is_some() {
+        shard.rebalance.request(true);
+    }
+    let shard = shard.clone();
+    shard.gate.clone().spawn(async move {
+        while let Some(Ok(())) = shard.gate.unless_closing(signals.recv()).await {
+            shard.rebalance.request(false);
+        }
+    });
+}
+
 /// What a message from another shard does here.
-fn on_mesh(shard: &Shard, msg: MeshMsg) {
+fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
     match msg {
         MeshMsg::Apply {
             head,
@@ -177,10 +203,18 @@ fn on_mesh(shard: &Shard, msg: MeshMsg) {
             )));
         }
         MeshMsg::Resync { query, reply } => {
-            let _ = reply.send(Reply::Resync(shard.resync_local(query)));
+            // Building a session scans in slices and yields: its own task.
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                let _ = reply.send(Reply::Resync(shard.resync_local(query).await));
+            })
+            .detach();
         }
-        MeshMsg::DropReference { unique, reply } => {
-            let _ = reply.send(Reply::Dropped(shard.drop_reference(unique)));
+        MeshMsg::MarkReferences { list, reply } => {
+            let _ = reply.send(Reply::Marked(shard.mark_references(&list)));
+        }
+        MeshMsg::StartResync { all_views, reply } => {
+            let _ = reply.send(Reply::ResyncRun(shard.rebalance.request(all_views)));
         }
         MeshMsg::Tags { reply } => {
             let _ = reply.send(Reply::Tags(shard.store.borrow().tag_values()));
@@ -191,20 +225,23 @@ fn on_mesh(shard: &Shard, msg: MeshMsg) {
 /// SIGHUP (`service chronos reload`) re-reads the configuration through
 /// `reload`; a valid one's cluster (`node`, `joining`, `leaving`) is handed
 /// to every shard over its bounded reload channel. Other settings need a
-/// restart. SIGUSR1 (`service chronos resync`) is caught so that it never
-/// terminates the node (its default action): active resynchronisation
-/// (seed 003) is not built yet, which the log says.
+/// restart. SIGUSR1 (`service chronos resync`) asks shard 0 for an active
+/// resynchronisation (seed 003).
 fn signal_hook(
     reload: Reload,
     mut current: Reloaded,
     shards: Vec<async_channel::Sender<Arc<Reloaded>>>,
+    resync: async_channel::Sender<()>,
 ) -> SignalHook {
     Box::new(move |signal| {
         if signal == SIGUSR1 {
-            tracing::warn!(target: "chronos::node", "SIGUSR1: active resynchronisation is not supported by this build; ignored");
+            match resync.try_send(()) {
+                Ok(()) => tracing::info!(target: "chronos::node", "SIGUSR1: resync requested"),
+                Err(_) => tracing::warn!(target: "chronos::node", "SIGUSR1: resync requests are already pending; this one joins them"),
+            }
             return;
         }
-        assert_eq!(signal, SIGHUP, "the engine hands over SIGHUP and SIGUSR1");
+    assert_eq!(signal, SIGHUP, "the engine hands over SIGHUP and SIGUSR1");
         let next = match reload() {
             Err(e) => {
                 tracing::error!(target: "chronos::node", "SIGHUP: the configuration is invalid, keeping the current one: {e}");

@@ -25,7 +25,9 @@ fuzz_target!(|data: &[u8]| {
         opaque: &spec.opaque,
         view_id: 1,
         replicas: &replicas,
+        factor_requested: spec.replication_factor.unwrap_or(1),
         tags: &tags,
+        start_time_unix_ms: None,
     };
     let mut out = Vec::new();
     encode_body(&mut out, &body);
@@ -37,6 +39,10 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(
         (again.uri.as_ref(), again.opaque.as_ref()),
         (spec.uri.as_ref(), spec.opaque.as_ref())
+    );
+    assert_eq!(
+        again.replication_factor,
+        Some(spec.replication_factor.unwrap_or(1))
     );
     let r2 = again.replication.expect("replicas survive");
     assert_eq!(r2.sequence_number, r.sequence_number);

@@ -6,6 +6,8 @@
 //! | `/timers`             | `POST`; `GET` (resync, seed 000's internal API) |
 //! | `/timers/references`  | `DELETE` (resync) |
 //! | `/timers/<32 hex>`    | `PUT`, `DELETE`   |
+//! | `/cluster`            | `GET`: the node's view and resync state |
+//! | `/resync`             | `POST`: start a resync (`chronos resync`) |
 //! | `/ping`               | `GET`, `HEAD`     |
 //! | `/ready`              | `GET`, `HEAD`     |
 //! | `/metrics`            | `GET`             |
@@ -50,7 +52,15 @@ impl Handler for Api {
 pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
     let shard = &*api.shard;
     match req.path {
-        "/timers" => timers(shard, req, out, close).await,
+        "/timers" => timers(&api.shard, req, out, close).await,
+        "/cluster" => match req.method {
+            Method::Get => json(out, 200, &shard.cluster_report(), close),
+            _ => not_allowed(out, "GET", close),
+        },
+        "/resync" => match req.method {
+            Method::Post => resync(shard, req, out, close).await,
+            _ => not_allowed(out, "POST", close),
+        },
         "/timers/references" => match req.method {
             Method::Delete => match shard.resync_references(req.body).await {
                 Ok(_) => {
@@ -81,8 +91,31 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
     }
 }
 
+/// `POST /resync[?all-views=true]`: ask for a resync run; `202` with the
+/// number of the run that will serve it (`GET /cluster` shows
+/// `finished-runs` reach it).
+async fn resync(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+    let all_views = match req.query {
+        "" | "all-views=false" => false,
+        "all-views=true" => true,
+        other => return error(out, 400, &format!("unknown query {other:?}; expected all-views=true or none"), close),
+    };
+    if shard.cluster().local.is_none() {
+        return error(out, 409, "this node is leaving the cluster: it serves resyncs but runs none", close);
+    }
+    match shard.request_resync(all_views).await {
+        Some(run) => json(out, 202, &format!("{{\"run\":{run}}}"), close),
+        None => error(out, 503, "shard 0 is unavailable", close),
+    }
+}
+
+fn json(out: &mut Vec<u8>, status: u16, body: &str, close: bool) -> u16 {
+    write_response(out, status, &[("Content-Type", b"application/json")], body.as_bytes(), close);
+    status
+}
+
 /// `/timers`: `POST` creates; `GET` is a resync page.
-async fn timers(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+async fn timers(shard: &Rc<Shard>, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
     match req.method {
         Method::Post => match spec::parse(req.body, uri::check) {
             Ok(s) => timer_result(out, shard.create(&s), close),

@@ -56,6 +56,8 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     /// Nodes being removed (still reachable, not chosen as replicas).
     pub leaving: Vec<Node>,
+    /// How many of `nodes`, at its end, were listed as `joining`.
+    pub joining: usize,
     /// Index of this node in `nodes`, if it is a member of the new cluster.
     pub local: Option<usize>,
     /// This node's own address.
@@ -110,10 +112,19 @@ impl Cluster {
         Ok(Cluster {
             nodes,
             leaving,
+            joining: 0,
             local: local_index,
             local_address: local.to_string(),
             view_id,
         })
+    }
+
+    /// The same cluster, with the last `count` of `nodes` reported as
+    /// joining (they are members all the same).
+    pub fn with_joining(mut self, count: usize) -> Cluster {
+        assert!(count < self.nodes.len(), "a cluster has a member that is not joining");
+        self.joining = count;
+        self
     }
 
     /// The single-node cluster of `address`.
@@ -148,6 +159,29 @@ impl Cluster {
             out[k] = ranked[n - k].1;
         }
         factor
+    }
+
+    /// The peers in `mask` (over `all_nodes`) in replica order for a
+    /// unique ID: the lowest rank first, then from the highest down. For
+    /// the nodes a timer's bloom filter names this is the order of the
+    /// replica list it was placed with: the replica rule picks the lowest
+    /// and then the highest ranks of the whole cluster, which are also the
+    /// lowest and highest among the chosen (resync's `OldReplicas`).
+    pub fn rank_among(&self, unique_id: u64, mask: u64) -> Vec<usize> {
+        let key = unique_id.to_le_bytes();
+        let mut ranked: Vec<(u32, usize)> = self
+            .all_nodes()
+            .enumerate()
+            .filter(|(i, _)| mask & (1u64 << i) != 0)
+            .map(|(i, node)| (murmur3_x86_32(&key, node.hash), i))
+            .collect();
+        ranked.sort_unstable();
+        let mut out = Vec::with_capacity(ranked.len());
+        if let Some(&(_, first)) = ranked.first() {
+            out.push(first);
+            out.extend(ranked[1..].iter().rev().map(|&(_, i)| i));
+        }
+        out
     }
 
     /// Replica indices as a vector (convenience for tests and cold paths).
@@ -326,6 +360,19 @@ mod tests {
                 want,
                 "id {id:#x} factor {factor}"
             );
+        }
+    }
+
+    #[test]
+    fn rank_among_the_chosen_reproduces_the_replica_order() {
+        let all: Vec<String> = (1..=7).map(|i| format!("10.0.0.{i}:7253")).collect();
+        let c = Cluster::new(&all[0], &all, &[]).unwrap();
+        for unique in 0..500u64 {
+            for factor in 1..=4 {
+                let list = c.replicas(unique, factor);
+                let mask = list.iter().fold(0u64, |m, &r| m | 1 << r);
+                assert_eq!(c.rank_among(unique, mask), list, "{unique} x{factor}");
+            }
         }
     }
 

@@ -80,8 +80,14 @@ pub struct Body<'a> {
     pub opaque: &'a str,
     pub view_id: u64,
     pub replicas: &'a [&'a str],
+    /// The replication factor the client asked for (this project's
+    /// extension: `replicas` may be fewer, capped at the cluster size).
+    pub factor_requested: u8,
     /// `(tag, count)`.
     pub tags: &'a [(&'a str, u32)],
+    /// A resync entry's `start-time` (seed 000: wall-clock ms since the
+    /// epoch, modulo `u32::MAX`); replication bodies carry only the delta.
+    pub start_time_unix_ms: Option<u64>,
 }
 
 /// Seconds with millisecond resolution, as the codec reads them.
@@ -103,6 +109,9 @@ pub fn encode_body(out: &mut Vec<u8>, b: &Body<'_>) {
     write_seconds(out, b.interval_ms);
     out.extend_from_slice(b",\"repeat-for\":");
     write_seconds(out, b.repeat_for_ms);
+    if let Some(ms) = b.start_time_unix_ms {
+        let _ = write!(out, ",\"start-time\":{}", ms % u32::MAX as u64);
+    }
     let _ = write!(
         out,
         ",\"start-time-delta\":{},\"sequence-number\":{},\"version\":{}}},\"callback\":",
@@ -119,7 +128,8 @@ pub fn encode_body(out: &mut Vec<u8>, b: &Body<'_>) {
     }
     let _ = write!(
         out,
-        ",\"reliability\":{{\"cluster-view-id\":\"{}\",\"replicas\":[",
+        ",\"reliability\":{{\"replication-factor\":{},\"cluster-view-id\":\"{}\",\"replicas\":[",
+        b.factor_requested.max(1),
         b.view_id
     );
     for (i, r) in b.replicas.iter().enumerate() {
@@ -500,12 +510,15 @@ mod tests {
             opaque: "o\"p\\aque\n",
             view_id: 90691053180028962,
             replicas: &replicas,
+            factor_requested: 3,
             tags: &tags,
+            start_time_unix_ms: None,
         };
         let mut out = Vec::new();
         encode_body(&mut out, &body);
         let s = spec::parse(&out, crate::http::uri::check).unwrap();
         assert_eq!((s.interval_ms, s.repeat_for_ms), (1500, 6000));
+        assert_eq!(s.replication_factor, Some(3), "the requested factor travels");
         assert_eq!(s.uri, "http://127.0.0.1:9/cb");
         assert_eq!(s.opaque, "o\"p\\aque\n");
         assert_eq!(s.tags.len(), 2);

@@ -67,6 +67,7 @@ mod tests {
             view,
             replica_index: 0,
             replication_factor: 2,
+            factor_requested: 2,
         }
     }
 

@@ -3,7 +3,7 @@
 //! travels with a oneshot for the reply. The composition root decides what
 //! each message does on its receiver.
 
-use super::resync::Query;
+use super::resync::{Query, ShardPage};
 use super::OpError;
 use crate::timer::{TimerHead, TimerSpec};
 use glommio::channels::oneshot::SharedSender;
@@ -25,9 +25,15 @@ pub enum MeshMsg {
         query: Query,
         reply: SharedSender<Reply>,
     },
-    /// Resync DELETE: drop an old-view copy every new replica knows.
-    DropReference {
-        unique: u64,
+    /// Resync DELETE: mark `(ID, ReplicaIndex)` pairs this shard owns.
+    MarkReferences {
+        list: Vec<(u64, u8)>,
+        reply: SharedSender<Reply>,
+    },
+    /// Start a resync (it runs on shard 0): `all_views` restores every
+    /// replica this node holds, not only old-view ones.
+    StartResync {
+        all_views: bool,
         reply: SharedSender<Reply>,
     },
 }
@@ -36,6 +42,8 @@ pub enum MeshMsg {
 pub enum Reply {
     Applied(Result<(), OpError>),
     Tags(Vec<(String, i64)>),
-    Resync(Vec<(u64, String)>),
-    Dropped(bool),
+    Resync(ShardPage),
+    Marked(usize),
+    /// The number of the resync run that will serve the request.
+    ResyncRun(u64),
 }

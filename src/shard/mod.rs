@@ -19,13 +19,15 @@
 //! | `replication.rs` | the replication body, built in one place, and pop replication |
 //! | `view.rs` | the cluster view this shard works under, and replica placement |
 //! | `pop.rs` | the pop loop, its state, callback dispatch |
-//! | `resync.rs` | the serving side of resync |
+//! | `resync.rs` | the serving side of resync: GET pages, DELETE references |
+//! | `rebalance.rs` | the requesting side of resync: page every node, apply seed 003's rules |
 //! | `mesh.rs` | the messages shards exchange |
 
 pub mod conflict;
 pub mod mesh;
 mod ops;
 mod pop;
+pub mod rebalance;
 mod replication;
 pub mod resync;
 mod store;
@@ -66,6 +68,10 @@ pub struct Shard {
     pub gate: Rc<Gate>,
     pub pop: PopState,
     view: View,
+    /// The serving side's resync sessions.
+    sessions: resync::Sessions,
+    /// The requesting side's resync trigger (used on shard 0).
+    pub rebalance: rebalance::Trigger,
     /// The last version handed out (strictly increasing per shard).
     last_version_us: Cell<u64>,
 }
@@ -115,6 +121,8 @@ impl Shard {
             gate,
             pop: PopState::default(),
             view: View::new(&resolved.cluster),
+            sessions: resync::Sessions::default(),
+            rebalance: rebalance::Trigger::default(),
             last_version_us: Cell::new(0),
             resolved,
         })
@@ -168,6 +176,9 @@ impl Shard {
         stats
             .tombstones
             .store(store.tombstones() as i64, Ordering::Relaxed);
+        stats
+            .informational
+            .store(store.info_len() as i64, Ordering::Relaxed);
     }
 
     /// Readiness of the timer service: every shard listening. `Err` says

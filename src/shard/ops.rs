@@ -31,11 +31,12 @@ impl OpError {
 }
 
 impl Shard {
-    fn replication_factor(&self, spec: &TimerSpec) -> usize {
-        let asked = spec
-            .replication_factor
-            .unwrap_or(self.resolved.config.timers.default_replication_factor);
-        (asked as usize).clamp(1, self.cluster().nodes.len())
+    /// The factor a client asked for (or the default). It is kept with
+    /// the timer; placement caps it at the cluster size of the moment.
+    fn factor_requested(&self, spec: &TimerSpec) -> u8 {
+        spec.replication_factor
+            .unwrap_or(self.resolved.config.timers.default_replication_factor)
+            .max(1)
     }
 
     pub(super) fn placement(&self, unique: u64, factor: usize) -> Placement {
@@ -47,6 +48,8 @@ impl Shard {
     }
 
     fn client_head(&self, id: TimerId, spec: &TimerSpec, pl: &Placement) -> TimerHead {
+        let factor_requested = self.factor_requested(spec);
+        assert!(pl.count <= factor_requested as usize, "placement caps the factor");
         TimerHead {
             id,
             start_ms: clock::now_ms_ceil(),
@@ -57,6 +60,7 @@ impl Shard {
             view: self.view(),
             replica_index: pl.my_index.unwrap_or(0),
             replication_factor: pl.count as u8,
+            factor_requested,
         }
     }
 
@@ -69,7 +73,7 @@ impl Shard {
     pub fn create(&self, spec: &TimerSpec) -> Result<TimerId, OpError> {
         let unique = self.store.borrow_mut().ids.next(clock::unix_ms());
         assert_eq!(shard_of(unique, self.shards), self.id, "a POST never hops");
-        let pl = self.placement(unique, self.replication_factor(spec));
+        let pl = self.placement(unique, self.factor_requested(spec) as usize);
         let id = TimerId {
             unique,
             bloom: pl.bloom,
@@ -92,7 +96,7 @@ impl Shard {
         id: TimerId,
         spec: TimerSpec<'_>,
     ) -> Result<TimerId, OpError> {
-        let pl = self.placement(id.unique, self.replication_factor(&spec));
+        let pl = self.placement(id.unique, self.factor_requested(&spec) as usize);
         let new_id = TimerId {
             unique: id.unique,
             bloom: pl.bloom,
@@ -118,8 +122,14 @@ impl Shard {
             view: self.view(),
             replica_index: 0,
             replication_factor: 1,
+            factor_requested: 1,
         };
-        let named = self.cluster().bloom_matches(id.bloom);
+        // The nodes the ID names, and the timer's replicas under the
+        // current view: during a rescale a resync may already have placed
+        // it there.
+        let factor = self.resolved.config.timers.default_replication_factor;
+        let named = self.cluster().bloom_matches(id.bloom)
+            | self.placement(id.unique, factor as usize).mask();
         let targets = self.without_me(named);
         if targets != 0 {
             let cluster = self.cluster();
@@ -152,7 +162,7 @@ impl Shard {
 
     /// The head a replication body describes, as this node stores it, and
     /// whether this node is one of the `replicas` it names.
-    fn replica_head(&self, id: TimerId, spec: &TimerSpec) -> (TimerHead, bool) {
+    pub(super) fn replica_head(&self, id: TimerId, spec: &TimerSpec) -> (TimerHead, bool) {
         let r = spec
             .replication
             .as_ref()
@@ -195,6 +205,9 @@ impl Shard {
             view,
             replica_index: my_index.unwrap_or(0),
             replication_factor: r.replicas.len().min(u8::MAX as usize) as u8,
+            factor_requested: spec
+                .replication_factor
+                .unwrap_or(r.replicas.len().min(u8::MAX as usize) as u8),
         };
         (head, my_index.is_some())
     }
@@ -263,6 +276,9 @@ impl Shard {
         };
         let old_due = existing.map(|(due, _, _)| due);
         let old = old_due.and_then(|_| store.remove(unique));
+        if let Some(o) = &old {
+            self.keep_informational(&mut store, o, &head);
+        }
         if from_client {
             self.count_client_op(tombstone, old.as_ref().is_some_and(|t| !t.is_tombstone()));
         }
@@ -273,6 +289,23 @@ impl Shard {
             self.pop.wake_if_before(due);
         }
         Ok(())
+    }
+
+    /// Seed 003's informational timers: when an old-view live copy that
+    /// not every new replica is known to have is replaced by the same
+    /// incarnation under another view (a resync's replication or
+    /// tombstone), it is kept outside the wheel so that later resync GETs
+    /// still list it. A newer client operation drops any such copy.
+    fn keep_informational(&self, store: &mut super::Store, old: &Timer, new: &TimerHead) {
+        if new.version != old.version {
+            store.drop_info(old.unique);
+            return;
+        }
+        let moved = old.view != self.view() && new.view != old.view;
+        if moved && !old.is_tombstone() && old.informed != 0 {
+            let kept = store.keep_info(old.share());
+            ShardStats::add(&self.my_stats().resync_informational, kept as u64);
+        }
     }
 
     fn count_client_op(&self, tombstone: bool, old_live: bool) {
@@ -311,6 +344,7 @@ impl Shard {
                 timer.interval_ms = o.interval_ms;
                 timer.repeat_for_ms = o.repeat_for_ms;
                 timer.replication_factor = o.replication_factor;
+                timer.factor_requested = o.factor_requested;
             }
         }
         let due = old_due.unwrap_or(0).max(clock::now_ms()) + self.tombstone_life_ms(&timer);

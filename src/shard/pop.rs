@@ -111,8 +111,9 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
     let skew = shard.resolved.config.timers.replica_skew_ms;
     for (_, mut timer) in due.drain(..) {
         if timer.is_tombstone() {
-            // Lived out its interval.
+            // Lived out its interval, and any informational copy with it.
             ShardStats::add(&stats.tombstones_expired, 1);
+            shard.store.borrow_mut().drop_info(timer.unique);
             continue;
         }
         ShardStats::add(&stats.timers_popped, 1);

@@ -38,7 +38,9 @@ impl Shard {
             opaque: callback.1,
             view_id: cluster.view_id,
             replicas,
+            factor_requested: head.factor_requested,
             tags,
+            start_time_unix_ms: None,
         };
         let mut rest = targets;
         while rest != 0 {
@@ -99,13 +101,17 @@ impl Shard {
             return;
         };
         let view = self.view();
-        let placed = t.view == view && t.bloom == pl.bloom && pl.my_index == Some(t.replica_index);
+        let placed = t.view == view
+            && t.bloom == pl.bloom
+            && pl.my_index == Some(t.replica_index)
+            && t.replication_factor as usize == pl.count;
         if placed || t.is_tombstone() {
             return;
         }
         let mut timer = store.remove(unique).expect("just found");
         timer.view = view;
         timer.bloom = pl.bloom;
+        timer.replication_factor = pl.count as u8;
         let due_ms = match pl.my_index {
             Some(index) => {
                 timer.replica_index = index;
@@ -132,7 +138,7 @@ impl Shard {
         if t.version != version || t.sequence != sequence {
             return None;
         }
-        let pl = self.placement(unique, t.replication_factor as usize);
+        let pl = self.placement(unique, t.factor_requested as usize);
         let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
         if targets == 0 {
             return Some(pl);

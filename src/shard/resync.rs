@@ -4,23 +4,70 @@
 //!
 //! A GET lists, in pop-time order, the timers this node holds under an
 //! older cluster view whose replicas under the current view include the
-//! requesting node, with their new replica list and view. Timers already
-//! under the current view are passed over, so in a stable cluster the
-//! answer is empty.
+//! requesting node and that no DELETE has marked as known to it, with
+//! their new replica list and view. Timers already under the current view
+//! are passed over, so in a stable cluster the answer is empty. Two
+//! extensions: `all-views=true` lists current-view timers too (a node that
+//! restarted empty takes its replicas back), and `cursor=` continues a
+//! listing exactly where the previous page ended (the answer's `cursor`).
+//!
+//! Cost: the first page of a listing scans the shard's store once, in
+//! slices of `SCAN_SLICE` entries with a yield between them (pops go on),
+//! into a *session*: the matching `(due, ID)` keys, sorted. Later pages
+//! binary-search the session and look each key up again, so a listing of
+//! `n` timers costs one scan plus `O(n log n)`, not a scan per page.
+//! Sessions are bounded: one per requesting node and shard, dropped after
+//! `SESSION_IDLE_MS` unused. A page is bounded in timers (`Range`, at most
+//! `RANGE_MAX`) and in bytes (`PAGE_BYTES_MAX`, at least one timer).
 
 use super::mesh::{MeshMsg, Reply};
 use super::Shard;
+use crate::cluster::replicate::{encode_body, Body};
 use crate::cluster::{Cluster, NODES_MAX};
 use crate::http::uri::percent_decode;
 use crate::runtime::clock;
-use crate::timer::{shard_of, TimerId};
+use crate::stats::ShardStats;
+use crate::timer::spec::TAGS_MAX;
+use crate::timer::{shard_of, Timer, TimerId};
+use std::cell::RefCell;
+use std::rc::Rc;
 
 /// Timers per GET when the request has no `Range`.
 pub const RANGE_DEFAULT: usize = 100;
 /// The largest `Range` honoured.
 pub const RANGE_MAX: usize = 10_000;
+/// Bytes of timer entries per page (a page holds at least one).
+pub const PAGE_BYTES_MAX: usize = 1024 * 1024;
 /// IDs per `DELETE /timers/references`.
 pub const REFERENCES_MAX: usize = 100_000;
+/// Store entries scanned between yields while a session is built.
+pub const SCAN_SLICE: usize = 4096;
+/// Session keys a page looks at (the ones it skips included).
+pub const EXAMINED_PER_PAGE_MAX: usize = 65_536;
+/// A session unused this long is dropped.
+pub const SESSION_IDLE_MS: u64 = 60_000;
+
+/// A position in a listing: pop-time order, ties broken by ID. `due_ms`
+/// is the serving node's engine clock, so a cursor is opaque elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub due_ms: u64,
+    pub unique: u64,
+}
+
+impl Cursor {
+    pub fn to_text(self) -> String {
+        format!("{}-{:016x}", self.due_ms, self.unique)
+    }
+
+    pub fn parse(text: &str) -> Option<Cursor> {
+        let (due, unique) = text.split_once('-')?;
+        Some(Cursor {
+            due_ms: due.parse().ok()?,
+            unique: u64::from_str_radix(unique, 16).ok()?,
+        })
+    }
+}
 
 /// A validated resync GET.
 #[derive(Clone, Copy, Debug)]
@@ -30,6 +77,32 @@ pub struct Query {
     /// Engine-clock ms: only timers due at or after this.
     pub from_ms: u64,
     pub limit: usize,
+    /// Continue after this position (a new listing when `None`).
+    pub cursor: Option<Cursor>,
+    /// List current-view timers too (a restarted node's restore).
+    pub all_views: bool,
+}
+
+/// One shard's matching keys for one requesting node.
+struct Session {
+    node: usize,
+    view: u32,
+    all_views: bool,
+    used_ms: u64,
+    keys: Rc<Vec<Cursor>>,
+}
+
+/// A shard's resync sessions (at most one per requesting node).
+#[derive(Default)]
+pub struct Sessions(RefCell<Vec<Session>>);
+
+/// One shard's part of a page.
+pub struct ShardPage {
+    /// `(position, JSON entry)`, in order.
+    pub entries: Vec<(Cursor, String)>,
+    /// `Some(c)`: everything up to `c` was looked at and more may follow;
+    /// `None`: nothing follows the entries.
+    pub looked_to: Option<Cursor>,
 }
 
 impl Shard {
@@ -46,9 +119,7 @@ pub fn parse_query(
     query: &str,
     range: Option<&[u8]>,
 ) -> Result<Query, (u16, String)> {
-    let mut node = None;
-    let mut view = None;
-    let mut time_from = None;
+    let (mut node, mut view, mut time_from, mut cursor, mut all) = (None, None, None, None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v = percent_decode(v).ok_or((400, format!("{k}: bad percent-encoding")))?;
@@ -56,6 +127,8 @@ pub fn parse_query(
             "node-for-replicas" => node = Some(v),
             "cluster-view-id" => view = Some(v),
             "time-from" => time_from = Some(v),
+            "cursor" => cursor = Some(v),
+            "all-views" => all = Some(v),
             _ => {}
         }
     }
@@ -83,174 +156,341 @@ pub fn parse_query(
                 .map_err(|_| (400, format!("time-from {t:?} is not µs since the epoch")))?;
             // Wall clock to engine clock.
             let ahead_ms = (us / 1000) as i64 - clock::unix_ms() as i64;
-            (clock::now_ms() as i64 + ahead_ms).max(0) as u64
+            (clock::now_ms() as i64).saturating_add(ahead_ms).max(0) as u64
         }
     };
-    let limit = match range {
-        None => RANGE_DEFAULT,
-        Some(r) => {
-            let text = std::str::from_utf8(r).unwrap_or("").trim();
-            // `Range: 100` (seed 000), tolerating a unit prefix.
-            let digits = text.rsplit(['=', ' ']).next().unwrap_or(text);
-            digits
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or((400, format!("Range {text:?} is not a positive count")))?
-                .min(RANGE_MAX)
-        }
+    let cursor = match cursor {
+        None => None,
+        Some(c) => Some(Cursor::parse(&c).ok_or((400, format!("cursor {c:?} is malformed")))?),
     };
+    let all_views = match all.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Err((400, format!("all-views {other:?} is not true or false"))),
+    };
+    let limit = parse_range(range)?;
     assert!((1..=RANGE_MAX).contains(&limit) && index < cluster.nodes.len());
     Ok(Query {
         node: index,
         from_ms,
         limit,
+        cursor,
+        all_views,
     })
 }
 
+/// `Range: 100` (seed 000), tolerating a unit prefix; at most `RANGE_MAX`.
+fn parse_range(range: Option<&[u8]>) -> Result<usize, (u16, String)> {
+    let Some(r) = range else {
+        return Ok(RANGE_DEFAULT);
+    };
+    let text = std::str::from_utf8(r).unwrap_or("").trim();
+    let digits = text.rsplit(['=', ' ']).next().unwrap_or(text);
+    digits
+        .parse::<usize>()
+        .ok()
+        .filter(|n| *n > 0)
+        .map(|n| n.min(RANGE_MAX))
+        .ok_or((400, format!("Range {text:?} is not a positive count")))
+}
+
 impl Shard {
-    /// This shard's answer: up to `limit + 1` entries `(due, JSON)`.
-    pub fn resync_local(&self, q: Query) -> Vec<(u64, String)> {
-        let store = self.store.borrow();
-        let cluster = self.cluster();
+    /// The matching keys of this shard for `q`: the session's, or a new
+    /// session built by a sliced scan (a listing without a cursor always
+    /// starts a new one).
+    async fn session_keys(self: &Rc<Self>, q: &Query) -> Rc<Vec<Cursor>> {
         let view = self.view();
-        let is_replica = |unique: u64, factor: u8| {
-            let mut out = [0usize; NODES_MAX];
-            let n = cluster.replicas_into(unique, factor as usize, &mut out);
-            out[..n].contains(&q.node)
-        };
-        let found = store.earliest_where(q.from_ms, q.limit + 1, |t| {
-            !t.is_tombstone() && t.view != view && is_replica(t.unique, t.replication_factor)
+        let now = clock::now_ms();
+        {
+            let mut sessions = self.sessions.0.borrow_mut();
+            sessions.retain(|s| now.saturating_sub(s.used_ms) < SESSION_IDLE_MS && s.view == view);
+            let found = sessions
+                .iter_mut()
+                .find(|s| s.node == q.node && s.all_views == q.all_views);
+            if let (Some(s), Some(_)) = (found, q.cursor) {
+                s.used_ms = now;
+                return s.keys.clone();
+            }
+        }
+        let keys = Rc::new(self.scan_matching(q).await);
+        let mut sessions = self.sessions.0.borrow_mut();
+        sessions.retain(|s| s.node != q.node || s.all_views != q.all_views);
+        assert!(sessions.len() < 2 * NODES_MAX, "one session per node and kind");
+        sessions.push(Session {
+            node: q.node,
+            view,
+            all_views: q.all_views,
+            used_ms: now,
+            keys: keys.clone(),
         });
-        let now_ms = clock::now_ms() as i64;
-        let now_unix = clock::unix_ms() as i64;
-        found
-            .into_iter()
-            .map(|(due, t)| {
-                let mut replicas = [0usize; NODES_MAX];
-                let n =
-                    cluster.replicas_into(t.unique, t.replication_factor as usize, &mut replicas);
-                let id = TimerId {
-                    unique: t.unique,
-                    bloom: cluster.bloom_of(&replicas[..n]),
-                };
-                let old: Vec<&str> = cluster
-                    .all_nodes()
-                    .filter(|node| node.bloom & !t.bloom == 0)
-                    .map(|node| node.address.as_str())
-                    .collect();
-                let new: Vec<&str> = replicas[..n]
-                    .iter()
-                    .map(|&r| cluster.nodes[r].address.as_str())
-                    .collect();
-                // Seed 000: ms since the epoch, modulo UINT_MAX.
-                let start_unix = (now_unix - (now_ms - t.start_ms as i64)).max(0) as u64;
-                let entry = serde_json::json!({
-                    "TimerID": id.to_hex_string(),
-                    "OldReplicas": old,
-                    "Timer": {
-                        "timing": {
-                            "start-time": start_unix % u32::MAX as u64,
-                            "sequence-number": t.sequence,
-                            "interval": t.interval_ms as f64 / 1000.0,
-                            "repeat-for": t.repeat_for_ms as f64 / 1000.0,
-                        },
-                        "callback": {"http": {"uri": t.uri(), "opaque": t.opaque()}},
-                        "reliability": {
-                            "cluster-view-id": cluster.view_id_string(),
-                            "replicas": new,
-                        },
-                    },
-                });
-                (due, entry.to_string())
-            })
-            .collect()
+        keys
     }
 
-    /// The whole node's answer: `(status, Content-Range count, body)`.
-    pub async fn resync_get(&self, q: Query) -> (u16, usize, String) {
-        let mut all = self.resync_local(q);
-        for peer in 0..self.shards {
-            if peer == self.id {
-                continue;
+    /// Scan the store (and the informational timers) in slices for the
+    /// timers `q`'s node is a new replica of, sorted by position.
+    async fn scan_matching(&self, q: &Query) -> Vec<Cursor> {
+        let mut keys = Vec::new();
+        let mut next = Some(0);
+        while let Some(from) = next {
+            let cluster = self.cluster();
+            let store = self.store.borrow();
+            next = store.scan_slice(from, SCAN_SLICE, |due, t| {
+                if self.listable(&cluster, t, q).is_some() {
+                    keys.push(Cursor {
+                        due_ms: due,
+                        unique: t.unique,
+                    });
+                }
+            });
+            drop(store);
+            glommio::yield_if_needed().await;
+        }
+        let store = self.store.borrow();
+        for unique in store.info_ids() {
+            let t = store.info(unique).expect("listed");
+            if self.listable(&self.cluster(), t, q).is_some() {
+                let due_ms = t.next_pop_ms(self.skew_ms());
+                keys.push(Cursor { due_ms, unique });
             }
-            if let Some(Reply::Resync(list)) = self
+        }
+        keys.sort_unstable();
+        keys.dedup_by_key(|k| k.unique);
+        keys
+    }
+
+    /// Whether `q`'s node should be told of `t`: its index in the timer's
+    /// replica list under the current view, if so.
+    fn listable(&self, cluster: &Cluster, t: &Timer, q: &Query) -> Option<u8> {
+        if t.is_tombstone() || (t.view == self.view() && !q.all_views) {
+            return None;
+        }
+        let mut replicas = [0usize; NODES_MAX];
+        let n = cluster.replicas_into(t.unique, t.factor_requested as usize, &mut replicas);
+        let index = replicas[..n].iter().position(|&r| r == q.node)? as u8;
+        // A DELETE marked this index (and those above it) as knowing it.
+        (t.view == self.view() || index < t.informed).then_some(index)
+    }
+
+    /// This shard's part of a page for `q`.
+    pub async fn resync_local(self: &Rc<Self>, q: Query) -> ShardPage {
+        let keys = self.session_keys(&q).await;
+        let start = match q.cursor {
+            Some(c) => keys.partition_point(|k| *k <= c),
+            None => keys.partition_point(|k| k.due_ms < q.from_ms),
+        };
+        let mut entries = Vec::new();
+        let mut bytes = 0;
+        for (examined, key) in keys[start..].iter().enumerate() {
+            let full = entries.len() >= q.limit || bytes >= PAGE_BYTES_MAX;
+            if full || examined >= EXAMINED_PER_PAGE_MAX {
+                // A page takes at least one key: `limit` is positive.
+                assert!(examined > 0, "a page looks at a key before it is full");
+                let looked_to = Some(keys[start + examined - 1]);
+                return ShardPage { entries, looked_to };
+            }
+            if let Some(entry) = self.entry_json(key.unique, &q) {
+                bytes += entry.len();
+                entries.push((*key, entry));
+            }
+        }
+        ShardPage {
+            entries,
+            looked_to: None,
+        }
+    }
+
+    /// The GET entry for one timer, if it is (still) listable: the wheel
+    /// copy, else an informational one.
+    fn entry_json(&self, unique: u64, q: &Query) -> Option<String> {
+        let cluster = self.cluster();
+        let store = self.store.borrow();
+        let wheel = store.get(unique).map(|(_, t)| t);
+        let t = match wheel.filter(|t| self.listable(&cluster, t, q).is_some()) {
+            Some(t) => t,
+            None => store
+                .info(unique)
+                .filter(|i| wheel.is_none_or(|w| w.version == i.version))
+                .filter(|i| self.listable(&cluster, i, q).is_some())?,
+        };
+        let mut replicas = [0usize; NODES_MAX];
+        let n = cluster.replicas_into(unique, t.factor_requested as usize, &mut replicas);
+        let new: Vec<&str> = replicas[..n]
+            .iter()
+            .map(|&r| cluster.nodes[r].address.as_str())
+            .collect();
+        let old: Vec<&str> = cluster
+            .rank_among(unique, cluster.bloom_matches(t.bloom))
+            .into_iter()
+            .map(|p| cluster.node_at(p).address.as_str())
+            .collect();
+        let mut tags = [("", 0u32); TAGS_MAX];
+        let mut tag_count = 0;
+        for (slot, (index, count)) in tags.iter_mut().zip(t.tags()) {
+            *slot = (store.tag_name(index), count);
+            tag_count += 1;
+        }
+        let (now_ms, now_unix) = (clock::now_ms() as i64, clock::unix_ms() as i64);
+        let delta_ms = t.start_ms as i64 - now_ms;
+        let body = Body {
+            interval_ms: t.interval_ms,
+            repeat_for_ms: t.repeat_for_ms,
+            start_time_delta_ms: delta_ms,
+            sequence: t.sequence,
+            version_us: t.version,
+            uri: t.uri(),
+            opaque: t.opaque(),
+            view_id: cluster.view_id,
+            replicas: &new,
+            factor_requested: t.factor_requested,
+            tags: &tags[..tag_count],
+            start_time_unix_ms: Some((now_unix + delta_ms).max(0) as u64),
+        };
+        let id = TimerId {
+            unique,
+            bloom: cluster.bloom_of(&replicas[..n]),
+        };
+        let mut out = Vec::with_capacity(256 + t.uri().len() + t.opaque().len());
+        out.extend_from_slice(b"{\"TimerID\":\"");
+        out.extend_from_slice(&id.to_hex());
+        out.extend_from_slice(b"\",\"OldReplicas\":");
+        serde_json::to_writer(&mut out, &old).expect("writing to a Vec");
+        out.extend_from_slice(b",\"Timer\":");
+        encode_body(&mut out, &body);
+        out.push(b'}');
+        ShardStats::add(&self.my_stats().resync_served, 1);
+        Some(String::from_utf8(out).expect("the encoder writes UTF-8"))
+    }
+
+    /// The whole node's page: `(status, Content-Range count, body)`. The
+    /// body is `{"timers": [...]}`, plus `"cursor"` when more follow.
+    pub async fn resync_get(self: &Rc<Self>, q: Query) -> (u16, usize, String) {
+        let mut parts = vec![self.resync_local(q).await];
+        for peer in (0..self.shards).filter(|p| *p != self.id) {
+            if let Some(Reply::Resync(part)) = self
                 .mesh
                 .ask(peer, |reply| MeshMsg::Resync { query: q, reply })
                 .await
             {
-                all.extend(list);
+                parts.push(part);
             }
         }
-        all.sort_by_key(|(due, _)| *due);
-        let more = all.len() > q.limit;
-        all.truncate(q.limit);
-        assert!(all.len() <= q.limit && all.windows(2).all(|w| w[0].0 <= w[1].0));
+        let (entries, next) = merge_pages(parts, q.limit);
         let mut body = String::from("{\"timers\":[");
-        for (i, (_, entry)) in all.iter().enumerate() {
+        for (i, (_, entry)) in entries.iter().enumerate() {
             if i > 0 {
                 body.push(',');
             }
             body.push_str(entry);
         }
-        body.push_str("]}");
-        (if more { 206 } else { 200 }, all.len(), body)
-    }
-
-    /// `DELETE /timers/references`: `{"IDs": [{"ID": id, "ReplicaIndex": n}]}`.
-    /// Each ID whose every new replica now knows the timer (replica index 0)
-    /// and that this node holds under an old view without being one of its
-    /// new replicas is dropped here. `Err` is a 400 reason.
-    pub async fn resync_references(&self, body: &[u8]) -> Result<usize, String> {
-        assert!(self.id < self.shards);
-        let done = parse_references(body)?;
-        let mut dropped = 0;
-        for unique in done {
-            let owner = shard_of(unique, self.shards);
-            if owner == self.id {
-                dropped += self.drop_reference(unique) as usize;
-            } else if let Some(Reply::Dropped(d)) = self
-                .mesh
-                .ask(owner, |reply| MeshMsg::DropReference { unique, reply })
-                .await
-            {
-                dropped += d as usize;
-            }
+        body.push(']');
+        if let Some(c) = next {
+            body.push_str(",\"cursor\":\"");
+            body.push_str(&c.to_text());
+            body.push('"');
         }
-        Ok(dropped)
-    }
-
-    /// Drop this node's old-view copy of a timer whose new replicas all
-    /// know it, unless this node is one of them.
-    pub fn drop_reference(&self, unique: u64) -> bool {
-        let mut store = self.store.borrow_mut();
-        let Some((_, t)) = store.get(unique) else {
-            return false;
-        };
-        if t.view == self.view() {
-            return false;
-        }
-        let me = self.cluster().local;
-        let mut replicas = [0usize; NODES_MAX];
-        let n = self
-            .cluster()
-            .replicas_into(unique, t.replication_factor as usize, &mut replicas);
-        if me.is_some_and(|m| replicas[..n].contains(&m)) {
-            return false;
-        }
-        let dropped = store.remove(unique);
-        assert!(
-            dropped.is_some_and(|t| t.view != self.view()),
-            "only an old-view copy is dropped"
-        );
-        self.refresh_gauges(&store);
-        true
+        body.push('}');
+        (if next.is_some() { 206 } else { 200 }, entries.len(), body)
     }
 }
 
-/// The unique IDs a `DELETE /timers/references` body releases: the entries
-/// with `ReplicaIndex` 0 (seed 000).
-pub fn parse_references(body: &[u8]) -> Result<Vec<u64>, String> {
+/// Merge the shards' parts into one page of at most `limit` entries and
+/// about `PAGE_BYTES_MAX` bytes; the cursor to continue from, if more
+/// follow. Entries beyond the least position every shard looked to are
+/// held back: a shard may have more before them.
+pub fn merge_pages(parts: Vec<ShardPage>, limit: usize) -> (Vec<(Cursor, String)>, Option<Cursor>) {
+    assert!(limit >= 1);
+    let bound = parts.iter().filter_map(|p| p.looked_to).min();
+    let mut all: Vec<(Cursor, String)> = parts
+        .into_iter()
+        .flat_map(|p| p.entries)
+        .filter(|(k, _)| bound.is_none_or(|b| *k <= b))
+        .collect();
+    all.sort_unstable_by_key(|(k, _)| *k);
+    let mut bytes = 0;
+    let mut take = 0;
+    for (_, entry) in &all {
+        if take == limit || (take > 0 && bytes + entry.len() > PAGE_BYTES_MAX) {
+            break;
+        }
+        bytes += entry.len();
+        take += 1;
+    }
+    let truncated = take < all.len();
+    all.truncate(take);
+    let next = match (truncated, bound) {
+        (true, _) => all.last().map(|(k, _)| *k),
+        (false, Some(b)) => Some(b),
+        (false, None) => None,
+    };
+    assert!(all.len() <= limit && all.windows(2).all(|w| w[0].0 < w[1].0));
+    (all, next)
+}
+
+impl Shard {
+    /// `DELETE /timers/references`: `{"IDs": [{"ID": id, "ReplicaIndex": n}]}`.
+    /// Each pair is marked on the shard that owns the ID. `Err` is a 400
+    /// reason.
+    pub async fn resync_references(&self, body: &[u8]) -> Result<usize, String> {
+        let refs = parse_references(body)?;
+        let mut by_shard: Vec<Vec<(u64, u8)>> = vec![Vec::new(); self.shards];
+        for (unique, index) in refs {
+            by_shard[shard_of(unique, self.shards)].push((unique, index));
+        }
+        let mut marked = 0;
+        for (owner, list) in by_shard.into_iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            if owner == self.id {
+                marked += self.mark_references(&list);
+            } else if let Some(Reply::Marked(n)) = self
+                .mesh
+                .ask(owner, |reply| MeshMsg::MarkReferences { list, reply })
+                .await
+            {
+                marked += n;
+            }
+        }
+        Ok(marked)
+    }
+
+    /// Seed 003: mark that the new replica at `index`, and every one above
+    /// it, knows each timer. A copy every new replica knows (`index` 0) is
+    /// dropped when it is informational, or held under an old view by a
+    /// node that is not one of its new replicas (it would only pop twice).
+    pub fn mark_references(&self, list: &[(u64, u8)]) -> usize {
+        let view = self.view();
+        let cluster = self.cluster();
+        let mut store = self.store.borrow_mut();
+        let mut marked = 0;
+        for &(unique, index) in list {
+            assert_eq!(shard_of(unique, self.shards), self.id, "marked on its owner");
+            if let Some(t) = store.get_mut(unique).filter(|t| t.view != view && !t.is_tombstone()) {
+                t.informed = t.informed.min(index);
+                marked += 1;
+                let mut replicas = [0usize; NODES_MAX];
+                let n = cluster.replicas_into(unique, t.factor_requested as usize, &mut replicas);
+                let new_replica = cluster.local.is_some_and(|me| replicas[..n].contains(&me));
+                if t.informed == 0 && !new_replica {
+                    store.remove(unique);
+                }
+            }
+            if let Some(i) = store.info_mut(unique) {
+                i.informed = i.informed.min(index);
+                if i.informed == 0 {
+                    store.drop_info(unique);
+                }
+            }
+        }
+        ShardStats::add(&self.my_stats().resync_references, marked as u64);
+        self.refresh_gauges(&store);
+        marked
+    }
+}
+
+/// The `(unique ID, ReplicaIndex)` pairs of a `DELETE /timers/references`
+/// body.
+pub fn parse_references(body: &[u8]) -> Result<Vec<(u64, u8)>, String> {
     #[derive(serde::Deserialize)]
     struct Body {
         #[serde(rename = "IDs")]
@@ -268,13 +508,71 @@ pub fn parse_references(body: &[u8]) -> Result<Vec<u64>, String> {
     if parsed.ids.len() > REFERENCES_MAX {
         return Err(format!("at most {REFERENCES_MAX} IDs per request"));
     }
-    let mut done = Vec::with_capacity(parsed.ids.len());
+    let mut out = Vec::with_capacity(parsed.ids.len());
     for e in &parsed.ids {
         let id = TimerId::parse(e.id.as_bytes())
             .ok_or_else(|| format!("{:?} is not a timer ID (32 hex digits)", e.id))?;
-        if e.replica_index == 0 {
-            done.push(id.unique);
+        if e.replica_index >= NODES_MAX as u32 {
+            return Err(format!("ReplicaIndex {} is out of range", e.replica_index));
+        }
+        out.push((id.unique, e.replica_index as u8));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(due_ms: u64, unique: u64) -> Cursor {
+        Cursor { due_ms, unique }
+    }
+
+    fn part(keys: &[(u64, u64)], looked_to: Option<(u64, u64)>) -> ShardPage {
+        ShardPage {
+            entries: keys.iter().map(|&(d, u)| (key(d, u), format!("e{u}"))).collect(),
+            looked_to: looked_to.map(|(d, u)| key(d, u)),
         }
     }
-    Ok(done)
+
+    #[test]
+    fn merge_table() {
+        // (parts, limit) -> (entries taken, next cursor)
+        let cases: Vec<(Vec<ShardPage>, usize, Vec<u64>, Option<Cursor>)> = vec![
+            // Both exhausted, fewer than the limit: done.
+            (vec![part(&[(1, 1), (3, 3)], None), part(&[(2, 2)], None)], 10, vec![1, 2, 3], None),
+            // The limit cuts: continue after the last taken.
+            (vec![part(&[(1, 1), (3, 3)], None), part(&[(2, 2)], None)], 2, vec![1, 2], Some(key(2, 2))),
+            // A shard stopped at (2,2): nothing beyond it yet.
+            (vec![part(&[(1, 1), (3, 3)], None), part(&[(2, 2)], Some((2, 2)))], 10, vec![1, 2], Some(key(2, 2))),
+            // A shard that looked far but found nothing holds the page back.
+            (vec![part(&[(5, 5)], None), part(&[], Some((4, 0)))], 10, vec![], Some(key(4, 0))),
+            // Ties on due are broken by ID.
+            (vec![part(&[(7, 2)], None), part(&[(7, 1)], None)], 1, vec![1], Some(key(7, 1))),
+        ];
+        for (i, (parts, limit, want, next)) in cases.into_iter().enumerate() {
+            let (got, got_next) = merge_pages(parts, limit);
+            let ids: Vec<u64> = got.iter().map(|(k, _)| k.unique).collect();
+            assert_eq!((ids, got_next), (want, next), "case {i}");
+        }
+    }
+
+    #[test]
+    fn cursor_round_trips_and_rejects_junk() {
+        let c = key(123_456, 0xdead_beef);
+        assert_eq!(Cursor::parse(&c.to_text()), Some(c));
+        for bad in ["", "12", "x-1", "1-zz", "-1"] {
+            assert_eq!(Cursor::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn references_keep_the_replica_index() {
+        let id = "0123456789abcdef0000000000000001";
+        let body = format!(r#"{{"IDs":[{{"ID":"{id}","ReplicaIndex":1}}]}}"#);
+        assert_eq!(parse_references(body.as_bytes()).unwrap(), vec![(0x0123456789abcdef, 1)]);
+        let bad = format!(r#"{{"IDs":[{{"ID":"{id}","ReplicaIndex":64}}]}}"#);
+        assert!(parse_references(bad.as_bytes()).is_err());
+        assert!(parse_references(b"{}").is_err());
+    }
 }

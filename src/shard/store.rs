@@ -17,6 +17,10 @@ use std::collections::HashMap;
 
 /// Distinct tag names per shard.
 pub const TAG_NAMES_MAX: usize = 4096;
+/// Informational timers per shard (seed 003: old-view copies kept outside
+/// the wheel while a resync runs); beyond it an old copy is not kept, and
+/// the new replicas learn the timer from the replication the resync sends.
+pub const INFORMATIONAL_MAX: usize = 65_536;
 
 pub struct Store {
     wheel: Wheel<Timer>,
@@ -28,6 +32,9 @@ pub struct Store {
     tag_values: Vec<i64>,
     /// Tombstones among the stored entries.
     tombstones: usize,
+    /// Informational timers (seed 003), at most one per ID, outside the
+    /// wheel; at most `INFORMATIONAL_MAX`.
+    info: HashMap<u64, Timer>,
 }
 
 impl Store {
@@ -40,6 +47,7 @@ impl Store {
             tag_lookup: HashMap::new(),
             tag_values: Vec::new(),
             tombstones: 0,
+            info: HashMap::new(),
         }
     }
 
@@ -97,19 +105,61 @@ impl Store {
         Some(timer)
     }
 
-    /// Up to `limit` timers `keep` accepts, due at or after `from_ms`, in
-    /// pop-time order (resync; O(n), never on the pop path).
-    pub fn earliest_where(
+    /// Mutable access to a stored timer, for what does not move it in the
+    /// wheel (its resync marks).
+    pub fn get_mut(&mut self, unique: u64) -> Option<&mut Timer> {
+        let key = self.find_key(unique)?;
+        self.wheel.get_mut(key)
+    }
+
+    /// Visit the timers at slab indices `from..from + count` (resync scans
+    /// the store in bounded slices); returns where the next slice starts,
+    /// `None` at the end.
+    pub fn scan_slice(
         &self,
-        from_ms: u64,
-        limit: usize,
-        keep: impl Fn(&Timer) -> bool,
-    ) -> Vec<(u64, &Timer)> {
-        self.wheel
-            .earliest_where(from_ms, limit, keep)
-            .into_iter()
-            .filter_map(|(key, due)| Some((due, self.wheel.get(key)?)))
-            .collect()
+        from: usize,
+        count: usize,
+        mut visit: impl FnMut(u64, &Timer),
+    ) -> Option<usize> {
+        let end = (from + count).min(self.wheel.slab_len());
+        for index in from..end {
+            if let Some((_, due, t)) = self.wheel.get_by_index(index as u32) {
+                visit(due, t);
+            }
+        }
+        (end < self.wheel.slab_len()).then_some(end)
+    }
+
+    /// Keep an informational timer (an old-view copy of `timer.unique`);
+    /// `false` when the bound is reached.
+    pub fn keep_info(&mut self, timer: Timer) -> bool {
+        assert!(!timer.is_tombstone(), "an informational timer is live");
+        if self.info.len() >= INFORMATIONAL_MAX && !self.info.contains_key(&timer.unique) {
+            return false;
+        }
+        self.info.insert(timer.unique, timer);
+        true
+    }
+
+    pub fn info(&self, unique: u64) -> Option<&Timer> {
+        self.info.get(&unique)
+    }
+
+    pub fn info_mut(&mut self, unique: u64) -> Option<&mut Timer> {
+        self.info.get_mut(&unique)
+    }
+
+    pub fn drop_info(&mut self, unique: u64) -> Option<Timer> {
+        self.info.remove(&unique)
+    }
+
+    pub fn info_len(&self) -> usize {
+        self.info.len()
+    }
+
+    /// The IDs of every informational timer.
+    pub fn info_ids(&self) -> Vec<u64> {
+        self.info.keys().copied().collect()
     }
 
     /// When the next pop could be due.
@@ -305,6 +355,7 @@ mod tests {
             view: 0,
             replica_index: 0,
             replication_factor: 1,
+            factor_requested: 1,
         }
     }
 

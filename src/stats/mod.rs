@@ -8,6 +8,13 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 /// Upper bounds (ms) of the callback latency histogram buckets.
 pub const LATENCY_BUCKETS_MS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000];
 
+/// `ShardStats::resync_state` values, by index.
+pub const RESYNC_STATES: [&str; 4] = ["idle", "running", "complete", "failed"];
+pub const RESYNC_IDLE: i64 = 0;
+pub const RESYNC_RUNNING: i64 = 1;
+pub const RESYNC_COMPLETE: i64 = 2;
+pub const RESYNC_FAILED: i64 = 3;
+
 /// Why a queue input message was rejected: `invalid_header` (a missing or
 /// invalid chronos header), `unstorable` (Postgres refused its data).
 pub const REJECT_REASONS: [&str; 2] = ["invalid_header", "unstorable"];
@@ -31,6 +38,19 @@ macro_rules! counters {
             pub pg_up: std::sync::atomic::AtomicBool,
             /// Open HTTP connections.
             pub connections_open: AtomicI64,
+            /// Resync state (shard 0's): see [`RESYNC_STATES`].
+            pub resync_state: AtomicI64,
+            /// Resync runs that finished (complete or failed), and that
+            /// failed (shard 0's).
+            pub resync_finished: AtomicI64,
+            pub resync_failed: AtomicI64,
+            /// Why the last resync run failed (empty: it did not). Written
+            /// once per run, never on the hot path.
+            pub resync_error: std::sync::Mutex<String>,
+            /// Other nodes the running resync has still to page through.
+            pub resync_peers_left: AtomicI64,
+            /// Informational timers held.
+            pub informational: AtomicI64,
             /// Queue input messages rejected (skipped), by [`REJECT_REASONS`].
             pub queue_rejected: [AtomicU64; REJECT_REASONS.len()],
             /// Callback latency histogram (cumulative buckets are built at render).
@@ -72,6 +92,15 @@ counters! {
     replication_received: "Replication messages applied from other nodes.",
     replication_stale: "Replication messages ignored by the conflict rules (an older version).",
     tombstones_expired: "Tombstones that lived out their interval.",
+    resync_runs: "Resynchronisations started (SIGUSR1, chronos resync, POST /resync, start-up).",
+    resync_received: "Resync: timers received in GET pages from other nodes.",
+    resync_added: "Resync: received timers stored here (this node moved down or stayed in the replica list).",
+    resync_replicated: "Resync: replication messages sent to higher new replicas.",
+    resync_tombstoned: "Resync: tombstones sent to old replicas no longer involved.",
+    resync_peer_errors: "Resync: failed requests to other nodes (retried with backoff).",
+    resync_served: "Resync: timers served to other nodes' GETs.",
+    resync_references: "Resync: timer references marked by DELETE /timers/references.",
+    resync_informational: "Resync: informational timers kept (an old-view copy outside the wheel).",
     queue_consumed: "Messages consumed from the input topic.",
     queue_skipped_invalid: "Input messages skipped for a missing or invalid chronos header.",
     queue_enqueued: "Messages inserted into the queue table.",
@@ -142,6 +171,21 @@ fn rejected(out: &mut String, shards: &[ShardStats]) {
 
 /// Render every shard's counters (summed) in Prometheus text format.
 /// `tags` are the per-tag gauges, already merged across shards.
+/// The resync gauges (only shard 0 runs a resync; the others hold 0).
+fn resync_gauges(out: &mut String, shards: &[ShardStats]) {
+    let sum = |f: fn(&ShardStats) -> i64| -> i64 { shards.iter().map(f).sum() };
+    let state = sum(|s| s.resync_state.load(Relaxed));
+    let _ = writeln!(out, "# HELP chronos_resync_state Resync state: 0 idle, 1 running, 2 complete, 3 failed (the last run).\n# TYPE chronos_resync_state gauge\nchronos_resync_state {state}");
+    let left = sum(|s| s.resync_peers_left.load(Relaxed));
+    let _ = writeln!(out, "# HELP chronos_resync_peers_left Other nodes the running resync has still to query.\n# TYPE chronos_resync_peers_left gauge\nchronos_resync_peers_left {left}");
+    let done = sum(|s| s.resync_finished.load(Relaxed));
+    let _ = writeln!(out, "# HELP chronos_resync_finished_runs Resync runs that finished (complete or failed).\n# TYPE chronos_resync_finished_runs gauge\nchronos_resync_finished_runs {done}");
+    let failed = sum(|s| s.resync_failed.load(Relaxed));
+    let _ = writeln!(out, "# HELP chronos_resync_failed_runs Resync runs that failed (a node stayed unreachable, or the view changed).\n# TYPE chronos_resync_failed_runs gauge\nchronos_resync_failed_runs {failed}");
+    let info = sum(|s| s.informational.load(Relaxed));
+    let _ = writeln!(out, "# HELP chronos_informational_timers Old-view timer copies kept outside the wheel for a resync.\n# TYPE chronos_informational_timers gauge\nchronos_informational_timers {info}");
+}
+
 pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
     let mut sums = vec![0u64; COUNTER_HELP.len()];
     for s in shards {
@@ -157,6 +201,7 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
     let _ = writeln!(out, "# HELP chronos_timers_pending Timers (and tombstones) held in the wheels.\n# TYPE chronos_timers_pending gauge\nchronos_timers_pending {pending}");
     let tombstones: i64 = shards.iter().map(|s| s.tombstones.load(Relaxed)).sum();
     let _ = writeln!(out, "# HELP chronos_tombstones Tombstones held (deleted or finished timers kept one more interval).\n# TYPE chronos_tombstones gauge\nchronos_tombstones {tombstones}");
+    resync_gauges(out, shards);
     let open: i64 = shards
         .iter()
         .map(|s| s.connections_open.load(Relaxed))

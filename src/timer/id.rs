@@ -126,6 +126,11 @@ impl IdGenerator {
         self.instance = instance as u64;
     }
 
+    /// The instance field IDs are made with.
+    pub fn instance(&self) -> u16 {
+        self.instance as u16
+    }
+
     /// A fresh unique ID owned by this shard. `unix_ms` is the wall clock;
     /// when it steps backwards the generator keeps counting from the last
     /// millisecond it used, so its IDs never repeat within a process.

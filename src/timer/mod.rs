@@ -32,8 +32,17 @@ pub struct TimerHead {
     /// Fingerprint of the cluster view the timer was placed under.
     pub view: u32,
     pub replica_index: u8,
+    /// Replicas in the list the incarnation was placed with (the requested
+    /// factor capped at the cluster size then): the skew and whether a
+    /// later replica exists follow it.
     pub replication_factor: u8,
+    /// The factor the client asked for (seed 000: it never changes), so a
+    /// timer gains replicas when the cluster grows. Placement follows it.
+    pub factor_requested: u8,
 }
+
+/// `Timer::informed` when no new replica is known to have the timer.
+pub const INFORMED_NONE: u8 = u8::MAX;
 
 thread_local! {
     static EMPTY: Rc<[u8]> = Rc::from(&[][..]);
@@ -59,6 +68,11 @@ pub struct Timer {
     uri_len: u16,
     pub replica_index: u8,
     pub replication_factor: u8,
+    pub factor_requested: u8,
+    /// Resync (seed 003): the lowest index in the timer's new replica list
+    /// known to have it (`INFORMED_NONE`: none); every index above it knows
+    /// it too. Only meaningful on a copy held under an older view.
+    pub informed: u8,
     /// `(tag index, count)` pairs at the front of `data`, 8 bytes each.
     tag_count: u8,
     /// Tag pairs, then the callback URI, then the opaque data. Shared with
@@ -99,6 +113,8 @@ impl Timer {
             uri_len: uri.len() as u16,
             replica_index: head.replica_index,
             replication_factor: head.replication_factor,
+            factor_requested: head.factor_requested,
+            informed: INFORMED_NONE,
             tag_count: tags.len() as u8,
             data,
         }
@@ -115,6 +131,7 @@ impl Timer {
             view: self.view,
             replica_index: self.replica_index,
             replication_factor: self.replication_factor,
+            factor_requested: self.factor_requested,
         }
     }
 
@@ -171,6 +188,14 @@ impl Timer {
         Timer::new(self.head(), "", "", &[])
     }
 
+    /// A copy sharing the callback bytes (an informational timer, seed 003).
+    pub fn share(&self) -> Timer {
+        Timer {
+            data: self.data.clone(),
+            ..*self
+        }
+    }
+
     /// Whether pop number `sequence + 1` exists.
     pub fn has_next_pop(&self) -> bool {
         if self.interval_ms == 0 {
@@ -208,6 +233,7 @@ mod tests {
             view: 0,
             replica_index,
             replication_factor: 2,
+            factor_requested: 2,
         }
     }
 

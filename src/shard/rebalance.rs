@@ -1,0 +1,429 @@
+//! The requesting side of resynchronisation (seed 001 step 2, seed 003):
+//! this node pages `GET /timers?node-for-replicas=<me>&cluster-view-id=..`
+//! from every other node, applies seed 003's rules to each timer listed,
+//! and sends `DELETE /timers/references` to the leaving nodes.
+//!
+//! For a timer listed with new replica list `new`, old list `old`, and this
+//! node at `p` in `new` (a node not in `old` counts as infinitely high):
+//!
+//! 1. **Add** it here only if this node moved down or stayed
+//!    (`p <= old position`).
+//! 2. **Replicate** it to each new replica above `p` whose old position is
+//!    at or above `p`.
+//! 3. **Tombstone** it on each old replica at or above `p` that is no
+//!    longer a replica and is not leaving.
+//! 4. Tell the leaving nodes `(ID, p)`: they mark that replica `p` and
+//!    those above it know the timer.
+//!
+//! A timer whose lists are equal (a restore: `all-views`, listed to a node
+//! that restarted empty) is only added: the others already have it.
+//!
+//! A run happens on shard 0, one at a time; requests during a run are
+//! coalesced into one more run. An unreachable node is retried with
+//! backoff for `resync-peer-retry-ms`, then reported, and the run goes on
+//! with the next; the run then ends `failed`. Bounds: one page in hand
+//! (`resync-page-timers`, and the serving node's byte bound), one request
+//! at a time, each within `resync-timeout-ms`.
+
+use super::Shard;
+use crate::cluster::{Cluster, Node};
+use crate::http::client::{Client, ClientConfig};
+use crate::http::uri;
+use crate::runtime::notify::Notify;
+use crate::stats::{self, ShardStats};
+use crate::timer::spec::TAGS_MAX;
+use crate::timer::{spec, TimerId};
+use futures_lite::future;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// Backoff between attempts at an unreachable node.
+const BACKOFF_MS_MIN: u64 = 100;
+const BACKOFF_MS_MAX: u64 = 2_000;
+
+/// Resync requests waiting for shard 0's resync loop.
+#[derive(Default)]
+pub struct Trigger {
+    /// A run is wanted (`true`: restore every replica, not only old-view
+    /// ones). Requests coalesce.
+    pending: Cell<Option<bool>>,
+    wake: Notify,
+    /// Runs started so far (shard 0).
+    started: Cell<u64>,
+}
+
+impl Trigger {
+    /// Ask for a run; returns the number of the run that will serve this
+    /// request (the next one to start).
+    pub fn request(&self, all_views: bool) -> u64 {
+        let all = self.pending.get().unwrap_or(false) || all_views;
+        self.pending.set(Some(all));
+        self.wake.notify();
+        self.started.get() + 1
+    }
+}
+
+/// Shard 0's resync loop: one run per (coalesced) request, until shutdown.
+pub async fn resync_loop(shard: Rc<Shard>) {
+    assert_eq!(shard.id, 0, "the resync runs on shard 0");
+    while !shard.gate.is_closing() {
+        let Some(all_views) = shard.rebalance.pending.take() else {
+            future::or(shard.rebalance.wake.wait(), shard.gate.closing()).await;
+            continue;
+        };
+        let t = &shard.rebalance;
+        t.started.set(t.started.get() + 1);
+        run_recorded(&shard, all_views).await;
+    }
+}
+
+/// One run, with its state and outcome in the stats and the log.
+async fn run_recorded(shard: &Rc<Shard>, all_views: bool) {
+    let s = shard.my_stats();
+    ShardStats::add(&s.resync_runs, 1);
+    s.resync_state.store(stats::RESYNC_RUNNING, Relaxed);
+    let kind = if all_views { "restore" } else { "resync" };
+    tracing::info!(target: "chronos::resync", "{kind} started");
+    let started = Instant::now();
+    let result = run(shard, all_views).await;
+    s.resync_peers_left.store(0, Relaxed);
+    let ms = started.elapsed().as_millis();
+    match result {
+        Ok(()) => {
+            tracing::info!(target: "chronos::resync", "{kind} complete in {ms} ms");
+            s.resync_state.store(stats::RESYNC_COMPLETE, Relaxed);
+            *s.resync_error.lock().expect("not poisoned") = String::new();
+        }
+        Err(e) => {
+            tracing::error!(target: "chronos::resync", "{kind} failed after {ms} ms: {e}");
+            s.resync_state.store(stats::RESYNC_FAILED, Relaxed);
+            s.resync_failed.fetch_add(1, Relaxed);
+            *s.resync_error.lock().expect("not poisoned") = e;
+        }
+    }
+    s.resync_finished.fetch_add(1, Relaxed);
+}
+
+/// Page every other node in turn.
+async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String> {
+    let cluster = shard.cluster();
+    let Some(me) = cluster.local.and(cluster.local_peer()) else {
+        return Err("this node is leaving: it serves resyncs but runs none".into());
+    };
+    let c = &shard.resolved.config.cluster;
+    let timeout = Duration::from_millis(c.resync_timeout_ms);
+    let client = Client::new(ClientConfig {
+        timeout,
+        connect_timeout: timeout.min(Duration::from_secs(1)),
+        per_host_max: 1,
+    });
+    let peers: Vec<usize> = (0..cluster.all_nodes().count()).filter(|&p| p != me).collect();
+    let left = &shard.my_stats().resync_peers_left;
+    left.store(peers.len() as i64, Relaxed);
+    let mut failed = Vec::new();
+    let mut run = Run {
+        shard,
+        client: &client,
+        cluster: &cluster,
+        all_views,
+        deaf_leaving: 0,
+    };
+    for peer in peers {
+        if let Err(e) = run.sync_from(peer).await {
+            tracing::error!(target: "chronos::resync", "{}: {e}", cluster.node_at(peer).address);
+            failed.push(format!("{}: {e}", cluster.node_at(peer).address));
+        }
+        left.fetch_sub(1, Relaxed);
+        if shard.gate.is_closing() {
+            return Err("shutting down".into());
+        }
+        if shard.cluster().view_id != cluster.view_id {
+            return Err("the cluster view changed during the run; run it again".into());
+        }
+    }
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(failed.join("; ")),
+    }
+}
+
+/// One page of a listing, as the serving node writes it.
+#[derive(Deserialize)]
+struct Page<'a> {
+    #[serde(borrow)]
+    timers: Vec<Entry<'a>>,
+    cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Entry<'a> {
+    #[serde(rename = "TimerID", borrow)]
+    id: Cow<'a, str>,
+    #[serde(rename = "OldReplicas", borrow)]
+    old: Vec<Cow<'a, str>>,
+    #[serde(rename = "Timer", borrow)]
+    timer: &'a RawValue,
+}
+
+/// What one run works with.
+struct Run<'a> {
+    shard: &'a Rc<Shard>,
+    client: &'a Client,
+    cluster: &'a Cluster,
+    all_views: bool,
+    /// Leaving nodes (peer mask) a DELETE could not reach in this run.
+    deaf_leaving: u64,
+}
+
+impl Run<'_> {
+    /// Page through one node's listing.
+    async fn sync_from(&mut self, peer: usize) -> Result<(), String> {
+        let node = self.cluster.node_at(peer);
+        let c = &self.shard.resolved.config.cluster;
+        let range = c.resync_page_timers.to_string();
+        let mut cursor: Option<String> = None;
+        loop {
+            let path = self.page_path(cursor.as_deref());
+            let headers: [(&str, &[u8]); 1] = [("Range", range.as_bytes())];
+            let body = self.fetch(node, "GET", &path, &headers, b"").await?;
+            let page: Page = serde_json::from_slice(&body)
+                .map_err(|e| format!("a resync page that is not JSON: {e}"))?;
+            let mut refs = Vec::with_capacity(page.timers.len());
+            for entry in &page.timers {
+                ShardStats::add(&self.shard.my_stats().resync_received, 1);
+                match self.apply_entry(entry).await {
+                    Ok(r) => refs.push(r),
+                    Err(e) => {
+                        tracing::warn!(target: "chronos::resync", "{}: timer {} skipped: {e}", node.address, entry.id);
+                    }
+                }
+            }
+            self.tell_leaving(&refs).await;
+            match page.cursor {
+                Some(next) if Some(&next) != cursor.as_ref() => cursor = Some(next),
+                Some(_) => return Err("the listing did not advance".into()),
+                None => return Ok(()),
+            }
+            if self.shard.gate.is_closing() {
+                return Err("shutting down".into());
+            }
+        }
+    }
+
+    fn page_path(&self, cursor: Option<&str>) -> String {
+        let mut path = format!(
+            "/timers?node-for-replicas={}&cluster-view-id={}",
+            percent_encode(&self.cluster.local_address),
+            self.cluster.view_id
+        );
+        if let Some(c) = cursor {
+            path.push_str("&cursor=");
+            path.push_str(&percent_encode(c));
+        }
+        if self.all_views {
+            path.push_str("&all-views=true");
+        }
+        path
+    }
+
+    /// Seed 003's rules for one listed timer; the `(ID, ReplicaIndex)`
+    /// to tell the leaving nodes.
+    async fn apply_entry(&self, e: &Entry<'_>) -> Result<(TimerId, u8), String> {
+        let (shard, cluster) = (self.shard, self.cluster);
+        let id = TimerId::parse(e.id.as_bytes()).ok_or("a TimerID that is not 32 hex digits")?;
+        let spec = spec::parse(e.timer.get().as_bytes(), uri::check)?;
+        let r = spec.replication.as_ref().ok_or("the timer names no replicas")?;
+        let new: Vec<&str> = r.replicas.iter().map(|a| a.as_ref()).collect();
+        let me = cluster.local_address.as_str();
+        let p = new
+            .iter()
+            .position(|a| *a == me)
+            .ok_or("this node is not one of its new replicas")?;
+        let old_pos = |a: &str| e.old.iter().position(|o| o == a).unwrap_or(usize::MAX);
+        let moved = e.old.len() != new.len() || e.old.iter().zip(&new).any(|(o, n)| o != n);
+        let (mut replicate, mut tombstone) = (0u64, 0u64);
+        if moved {
+            for a in new.iter().skip(p + 1).filter(|a| old_pos(a) >= p) {
+                replicate |= cluster.peer_of(a).map_or(0, |i| 1u64 << i);
+            }
+            let leaving = |a: &str| cluster.leaving.iter().any(|n| n.address == a);
+            for a in e.old.iter().skip(p) {
+                if !new.contains(&a.as_ref()) && !leaving(a) {
+                    tombstone |= cluster.peer_of(a).map_or(0, |i| 1u64 << i);
+                }
+            }
+        }
+        let (replicate, tombstone) = (shard.without_me(replicate), shard.without_me(tombstone));
+        let (head, _) = shard.replica_head(id, &spec);
+        let mut tags = [("", 0u32); TAGS_MAX];
+        for (slot, (name, count)) in tags.iter_mut().zip(&spec.tags) {
+            *slot = (name.as_ref(), *count);
+        }
+        let tags = &tags[..spec.tags.len().min(TAGS_MAX)];
+        let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
+        shard.send_replication(cluster, &head, callback, tags, &new, replicate);
+        shard.send_replication(cluster, &head, ("", ""), &[], &new, tombstone);
+        let s = shard.my_stats();
+        ShardStats::add(&s.resync_replicated, replicate.count_ones() as u64);
+        ShardStats::add(&s.resync_tombstoned, tombstone.count_ones() as u64);
+        if p <= old_pos(me) {
+            shard.route_apply(head, Some(spec), false).await.map_err(|e| e.reason)?;
+            ShardStats::add(&s.resync_added, 1);
+        }
+        Ok((id, p as u8))
+    }
+
+    /// `DELETE /timers/references` with this page's timers to every
+    /// leaving node (one that does not answer is skipped for the rest of
+    /// the run).
+    async fn tell_leaving(&mut self, refs: &[(TimerId, u8)]) {
+        if refs.is_empty() {
+            return;
+        }
+        let mut body = String::with_capacity(16 + refs.len() * 64);
+        body.push_str("{\"IDs\":[");
+        for (i, (id, index)) in refs.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str("{\"ID\":\"");
+            body.push_str(&id.to_hex_string());
+            body.push_str("\",\"ReplicaIndex\":");
+            body.push_str(&index.to_string());
+            body.push('}');
+        }
+        body.push_str("]}");
+        let cluster = self.cluster;
+        for (k, node) in cluster.leaving.iter().enumerate() {
+            let peer = cluster.nodes.len() + k;
+            if self.deaf_leaving & (1u64 << peer) != 0 || node.address == cluster.local_address {
+                continue;
+            }
+            let sent = self
+                .fetch(node, "DELETE", "/timers/references", &[], body.as_bytes())
+                .await;
+            if let Err(e) = sent {
+                tracing::error!(target: "chronos::resync", "{}: references not delivered, skipped for this run: {e}", node.address);
+                self.deaf_leaving |= 1u64 << peer;
+            }
+        }
+    }
+
+    /// One request, retried with backoff for `resync-peer-retry-ms`; the
+    /// body of a 2xx answer.
+    async fn fetch(
+        &self,
+        node: &Node,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let shard = self.shard;
+        let retry = Duration::from_millis(shard.resolved.config.cluster.resync_peer_retry_ms);
+        let deadline = Instant::now() + retry;
+        let host = node.socket.ip().to_string();
+        let mut backoff_ms = BACKOFF_MS_MIN;
+        for attempt in 0u32.. {
+            let answer = self
+                .client
+                .request(&host, node.socket.port(), &node.address, method, path, headers, body, true)
+                .await;
+            let error = match answer {
+                Ok(r) if (200..300).contains(&r.status) => return Ok(r.body),
+                Ok(r) => format!("{method} answered {}: {}", r.status, String::from_utf8_lossy(&r.body)),
+                Err(e) => e,
+            };
+            ShardStats::add(&shard.my_stats().resync_peer_errors, 1);
+            let backoff = Duration::from_millis(backoff_ms);
+            if Instant::now() + backoff > deadline || shard.gate.is_closing() {
+                return Err(error);
+            }
+            if attempt == 0 {
+                tracing::warn!(target: "chronos::resync", "{}: {error}; retrying for up to {} ms", node.address, retry.as_millis());
+            }
+            let sleep = glommio::timer::sleep(backoff);
+            future::or(sleep, shard.gate.closing()).await;
+            backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
+        }
+        unreachable!("the loop returns")
+    }
+}
+
+/// Percent-encode everything but unreserved characters and `:`.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Shard {
+    /// Ask for a resync from any shard: shard 0 runs it. The number of the
+    /// run that will serve the request.
+    pub async fn request_resync(&self, all_views: bool) -> Option<u64> {
+        if self.id == 0 {
+            return Some(self.rebalance.request(all_views));
+        }
+        let reply = self
+            .mesh
+            .ask(0, |reply| super::MeshMsg::StartResync { all_views, reply })
+            .await;
+        match reply {
+            Some(super::Reply::ResyncRun(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// `GET /cluster`: this node's view and the resync's state, as JSON.
+    pub fn cluster_report(&self) -> String {
+        let c = self.cluster();
+        let names = |l: &[Node]| l.iter().map(|n| n.address.clone()).collect::<Vec<_>>();
+        let members = c.nodes.len() - c.joining;
+        let s = &self.stats[0];
+        let state = s.resync_state.load(Relaxed).clamp(0, 3) as usize;
+        let count = |f: &std::sync::atomic::AtomicU64| f.load(Relaxed);
+        serde_json::json!({
+            "localhost": c.local_address,
+            "cluster-view-id": c.view_id_string(),
+            "nodes": names(&c.nodes[..members]),
+            "joining": names(&c.nodes[members..]),
+            "leaving": names(&c.leaving),
+            "instance-id": self.store.borrow().ids.instance(),
+            "resync": {
+                "state": stats::RESYNC_STATES[state],
+                "started-runs": count(&s.resync_runs),
+                "finished-runs": s.resync_finished.load(Relaxed),
+                "failed-runs": s.resync_failed.load(Relaxed),
+                "peers-left": s.resync_peers_left.load(Relaxed),
+                "received": count(&s.resync_received),
+                "added": count(&s.resync_added),
+                "replicated": count(&s.resync_replicated),
+                "tombstoned": count(&s.resync_tombstoned),
+                "peer-errors": count(&s.resync_peer_errors),
+                "last-error": *s.resync_error.lock().expect("not poisoned"),
+            },
+        })
+        .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percent_encode_keeps_addresses_readable() {
+        assert_eq!(super::percent_encode("127.0.0.1:7253"), "127.0.0.1:7253");
+        assert_eq!(super::percent_encode("[::1]:7253"), "%5B::1%5D:7253");
+        assert_eq!(super::percent_encode("1-2a"), "1-2a");
+    }
+}

@@ -1,0 +1,355 @@
+//! Active resynchronisation (seeds 001 and 003) with real processes on
+//! loopback, mirroring the reference's FV scenarios: 100 timers (interval
+//! 10 s, replication factor 2) each, the scaling configuration reloaded
+//! with SIGHUP, the resync started with SIGUSR1 or `chronos resync --wait`,
+//! and every timer popping exactly once afterwards, whichever nodes are
+//! killed once the resync is complete.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const TIMERS: usize = 100;
+/// Interval of the timers: long enough for the scaling steps to finish
+/// first on a loaded machine.
+const INTERVAL_S: u64 = 10;
+/// How long after creation every pop must have arrived: the interval, one
+/// replica skew (a backup may pop after a kill), and a margin.
+const POP_WITHIN: Duration = Duration::from_secs(INTERVAL_S + 2 + 8);
+
+fn addr(i: usize, port: u16) -> String {
+    format!("\"127.0.0.{i}:{port}\"")
+}
+
+/// The config of node `i` with these member, joining and leaving lists.
+fn config(i: usize, port: u16, nodes: &[usize], joining: &[usize], leaving: &[usize]) -> String {
+    let list = |l: &[usize]| {
+        l.iter()
+            .map(|&k| addr(k, port))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "[runtime]\ncores = 1\n[cluster]\nlocalhost = {}\nnode = [{}]\njoining = [{}]\nleaving = [{}]\n",
+        addr(i, port),
+        list(nodes),
+        list(joining),
+        list(leaving)
+    )
+}
+
+fn start(i: usize, port: u16, nodes: &[usize], joining: &[usize], leaving: &[usize]) -> Node {
+    Node::start_at(
+        &format!("127.0.0.{i}"),
+        port,
+        &config(i, port, nodes, joining, leaving),
+    )
+}
+
+/// Rewrite a node's config, SIGHUP it, and wait until the node reports
+/// the new cluster view in `GET /cluster`.
+fn reload(node: &Node, i: usize, port: u16, nodes: &[usize], joining: &[usize], leaving: &[usize]) {
+    let before = view_id(node);
+    std::fs::write(node.config_path(), config(i, port, nodes, joining, leaving)).unwrap();
+    node.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while view_id(node) == before {
+        assert!(Instant::now() < deadline, "no reload:\n{}", node.log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn cluster_json(node: &Node) -> serde_json::Value {
+    let r = node.request("GET", "/cluster", "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+fn view_id(node: &Node) -> String {
+    cluster_json(node)["cluster-view-id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `chronos resync --wait` against a node: it returns once the node's
+/// resync is complete, with status 0.
+fn resync_cli(node: &Node) {
+    let out = Command::new(env!("CARGO_BIN_EXE_chronos"))
+        .args(["resync", "--wait", "--address", &node.addr.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chronos resync --wait: {:?}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        node.log_text()
+    );
+}
+
+/// SIGUSR1 (`service chronos resync`), then wait for `GET /cluster` to
+/// report the run complete.
+fn resync_usr1(node: &Node) {
+    let runs = |n: &Node| cluster_json(n)["resync"]["finished-runs"].as_u64().unwrap();
+    let before = runs(node);
+    node.signal(libc::SIGUSR1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = cluster_json(node);
+        if c["resync"]["finished-runs"].as_u64().unwrap() > before {
+            assert_eq!(c["resync"]["state"], "complete", "{c}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "resync did not complete: {c}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn timer(uri: &str, interval: u64, repeat_for: u64) -> String {
+    format!(
+        r#"{{"timing":{{"interval":{interval},"repeat-for":{repeat_for}}},"callback":{{"http":{{"uri":"{uri}","opaque":"x"}}}},"reliability":{{"replication-factor":2}}}}"#
+    )
+}
+
+/// Create the 100 one-shot timers on `node`, calling back on `/t/<i>`.
+fn create_timers(node: &Node, sink: &Sink) -> Instant {
+    let created = Instant::now();
+    for i in 0..TIMERS {
+        node.create(&timer(&sink.uri(&format!("/t/{i}")), INTERVAL_S, INTERVAL_S));
+    }
+    created
+}
+
+/// Every timer popped exactly once (a duplicate or a missing pop fails).
+fn assert_popped_once(sink: &Sink, created: Instant) {
+    let left = (created + POP_WITHIN).saturating_duration_since(Instant::now());
+    sink.wait_for(TIMERS, left);
+    // Room for a late duplicate to show itself.
+    std::thread::sleep(Duration::from_secs(3));
+    let pops: Vec<Pop> = sink.pops().into_iter().filter(|p| p.ok).collect();
+    let mut per: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &pops {
+        *per.entry(p.path.clone()).or_default() += 1;
+    }
+    let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "popped more than once: {twice:?}");
+    assert_eq!(per.len(), TIMERS, "{} of {TIMERS} popped", per.len());
+    for p in &pops {
+        assert!(p.at >= created + Duration::from_secs(INTERVAL_S), "early");
+    }
+}
+
+fn live(node: &Node) -> f64 {
+    node.metric("chronos_timers_pending") - node.metric("chronos_tombstones")
+}
+
+/// 2 → 4: nodes 3 and 4 join; after the resync each timer is live on
+/// exactly its replicas under the four-node view, before any pop.
+#[test]
+fn scale_up_two_to_four() {
+    let port = cluster_port(4);
+    let sink = Sink::start(Behaviour::Ok);
+    let nodes: Vec<Node> = (1..=4)
+        .map(|i| match i {
+            1 | 2 => start(i, port, &[1, 2], &[], &[]),
+            _ => start(i, port, &[1, 2], &[3, 4], &[]),
+        })
+        .collect();
+    let created = create_timers(&nodes[0], &sink);
+    nodes[0].wait_replication_settled(Duration::from_secs(5));
+    for i in 1..=2 {
+        reload(&nodes[i - 1], i, port, &[1, 2], &[3, 4], &[]);
+    }
+    for node in &nodes {
+        resync_cli(node);
+    }
+    for node in &nodes {
+        node.wait_replication_settled(Duration::from_secs(5));
+    }
+    assert!(
+        Instant::now() < created + Duration::from_secs(INTERVAL_S),
+        "the scaling steps took longer than the interval"
+    );
+    let total: f64 = nodes.iter().map(live).sum();
+    assert_eq!(total, 2.0 * TIMERS as f64, "two live copies of each timer");
+    assert!(live(&nodes[2]) > 0.0 && live(&nodes[3]) > 0.0, "the new nodes hold timers");
+    assert!(nodes[2].metric("chronos_resync_added_total") > 0.0);
+    assert_popped_once(&sink, created);
+}
+
+/// 4 → 2, then the two leavers are killed: every timer still pops once.
+#[test]
+fn scale_down_four_to_two_then_kill_the_leavers() {
+    let port = cluster_port(4);
+    let sink = Sink::start(Behaviour::Ok);
+    let mut nodes: Vec<Node> = (1..=4).map(|i| start(i, port, &[1, 2, 3, 4], &[], &[])).collect();
+    let created = create_timers(&nodes[3], &sink);
+    nodes[3].wait_replication_settled(Duration::from_secs(5));
+    for i in 1..=4 {
+        reload(&nodes[i - 1], i, port, &[1, 2], &[], &[3, 4]);
+    }
+    resync_usr1(&nodes[0]);
+    resync_usr1(&nodes[1]);
+    for node in &nodes {
+        node.wait_replication_settled(Duration::from_secs(5));
+    }
+    nodes[2].kill9();
+    nodes[3].kill9();
+    assert_eq!(live(&nodes[0]) + live(&nodes[1]), 2.0 * TIMERS as f64);
+    assert_popped_once(&sink, created);
+}
+
+/// 2 → 4, then the original two leave (4 → 2 onto the new nodes) and are
+/// killed: every timer pops once, from the new nodes.
+#[test]
+fn scale_up_then_the_original_two_leave() {
+    let port = cluster_port(4);
+    let sink = Sink::start(Behaviour::Ok);
+    let mut nodes: Vec<Node> = (1..=4)
+        .map(|i| match i {
+            1 | 2 => start(i, port, &[1, 2], &[], &[]),
+            _ => start(i, port, &[1, 2], &[3, 4], &[]),
+        })
+        .collect();
+    let created = create_timers(&nodes[1], &sink);
+    nodes[1].wait_replication_settled(Duration::from_secs(5));
+    for i in 1..=2 {
+        reload(&nodes[i - 1], i, port, &[1, 2], &[3, 4], &[]);
+    }
+    for node in &nodes {
+        resync_cli(node);
+    }
+    for i in 1..=4 {
+        reload(&nodes[i - 1], i, port, &[3, 4], &[], &[1, 2]);
+    }
+    resync_cli(&nodes[2]);
+    resync_cli(&nodes[3]);
+    for node in &nodes {
+        node.wait_replication_settled(Duration::from_secs(5));
+    }
+    nodes[0].kill9();
+    nodes[1].kill9();
+    assert_eq!(live(&nodes[2]) + live(&nodes[3]), 2.0 * TIMERS as f64);
+    assert_popped_once(&sink, created);
+}
+
+/// 1 → 2, then the original is killed: timers created on one node with
+/// replication factor 2 gain their second replica in the resync.
+#[test]
+fn scale_up_one_to_two_then_kill_the_original() {
+    let port = cluster_port(2);
+    let sink = Sink::start(Behaviour::Ok);
+    let mut first = start(1, port, &[1], &[], &[]);
+    let created = create_timers(&first, &sink);
+    let second = start(2, port, &[1], &[2], &[]);
+    reload(&first, 1, port, &[1], &[2], &[]);
+    resync_cli(&first);
+    resync_cli(&second);
+    second.wait_replication_settled(Duration::from_secs(5));
+    assert_eq!(live(&second), TIMERS as f64, "node 2 holds every timer");
+    first.kill9();
+    assert_popped_once(&sink, created);
+}
+
+/// Beyond the reference: a node killed and restarted takes its replicas
+/// back from its peer at start-up, so its peer can be killed next.
+#[test]
+fn a_restarted_node_takes_its_timers_back() {
+    let port = cluster_port(2);
+    let sink = Sink::start(Behaviour::Ok);
+    let mut first = start(1, port, &[1, 2], &[], &[]);
+    let mut second = start(2, port, &[1, 2], &[], &[]);
+    let created = create_timers(&first, &sink);
+    first.wait_replication_settled(Duration::from_secs(5));
+    second.kill9();
+    second = start(2, port, &[1, 2], &[], &[]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let c = cluster_json(&second);
+        if c["resync"]["finished-runs"].as_u64().unwrap() >= 1 {
+            assert_eq!(c["resync"]["state"], "complete", "{c}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no start-up resync: {c}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(live(&second), TIMERS as f64, "node 2 restored every timer");
+    first.kill9();
+    assert_popped_once(&sink, created);
+}
+
+/// A resync while timers are created and deleted: every timer not deleted
+/// pops exactly once, and no deleted one pops; repeating timers keep their
+/// sequence numbers across the move.
+#[test]
+fn a_resync_under_creates_and_deletes_loses_nothing_and_pops_nothing_deleted() {
+    let port = cluster_port(3);
+    let sink = Sink::start(Behaviour::Ok);
+    let n1 = start(1, port, &[1, 2], &[], &[]);
+    let n2 = start(2, port, &[1, 2], &[], &[]);
+    let n3 = start(3, port, &[1, 2], &[3], &[]);
+    let created = create_timers(&n1, &sink);
+    let repeating: Vec<String> = (0..10)
+        .map(|i| n2.create(&timer(&sink.uri(&format!("/r/{i}")), 2, 16)))
+        .collect();
+    let churn = std::thread::scope(|s| {
+        let churn = s.spawn(|| {
+            // Create and delete at once, alternately on both old nodes.
+            let mut deleted = 0;
+            let stop = Instant::now() + Duration::from_secs(4);
+            while Instant::now() < stop {
+                let (a, b) = if deleted % 2 == 0 { (&n1, &n2) } else { (&n2, &n1) };
+                let id = a.create(&timer(&sink.uri(&format!("/gone/{deleted}")), 6, 6));
+                assert_eq!(b.request("DELETE", &format!("/timers/{id}"), "").status, 200);
+                deleted += 1;
+            }
+            deleted
+        });
+        reload(&n1, 1, port, &[1, 2], &[3], &[]);
+        reload(&n2, 2, port, &[1, 2], &[3], &[]);
+        for node in [&n1, &n2, &n3] {
+            resync_cli(node);
+        }
+        churn.join().unwrap()
+    });
+    assert!(churn > 10, "only {churn} timers churned");
+    drop(repeating);
+    assert_popped_once_among(&sink, created, "/t/");
+    std::thread::sleep(Duration::from_secs(4));
+    let pops = sink.pops();
+    let gone: Vec<_> = pops.iter().filter(|p| p.path.starts_with("/gone/")).collect();
+    assert!(gone.is_empty(), "deleted timers popped: {gone:?}");
+    for i in 0..10 {
+        let mut seqs: Vec<u32> = pops
+            .iter()
+            .filter(|p| p.ok && p.path == format!("/r/{i}"))
+            .map(|p| p.sequence)
+            .collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=8).collect::<Vec<_>>(), "/r/{i}");
+    }
+}
+
+/// `assert_popped_once` for the pops under `prefix` only.
+fn assert_popped_once_among(sink: &Sink, created: Instant, prefix: &str) {
+    let deadline = created + POP_WITHIN;
+    loop {
+        let n = sink.pops().iter().filter(|p| p.path.starts_with(prefix)).count();
+        if n >= TIMERS || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let mut per: BTreeMap<String, usize> = BTreeMap::new();
+    for p in sink.pops().iter().filter(|p| p.ok && p.path.starts_with(prefix)) {
+        *per.entry(p.path.clone()).or_default() += 1;
+    }
+    let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "popped more than once: {twice:?}");
+    assert_eq!(per.len(), TIMERS, "{} of {TIMERS} popped", per.len());
+}
