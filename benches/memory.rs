@@ -38,6 +38,7 @@ fn main() {
             view: 0,
             replica_index: 0,
             replication_factor: 2,
+            factor_requested: 2,
         };
         let t = Timer::new(head, uri, opaque, &[]);
         store.insert(1 + (i as u64 * 7919) % 3_600_000, t);

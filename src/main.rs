@@ -119,14 +119,21 @@ fn resync_command(args: &[String]) -> ExitCode {
         };
         match (flag.as_str(), value) {
             ("--address", Some(v)) => address = v.clone(),
-            ("--timeout-s", Some(v)) if v.parse::<u64>().is_ok() => timeout_s = v.parse().unwrap_or(600),
+            ("--timeout-s", Some(v)) if v.parse::<u64>().is_ok() => {
+                timeout_s = v.parse().unwrap_or(600)
+            }
             _ => {
                 eprintln!("chronos resync: bad argument {flag:?}; usage: chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N]");
                 return ExitCode::from(2);
             }
         }
     }
-    match resync_at(&address, wait, all_views, std::time::Duration::from_secs(timeout_s)) {
+    match resync_at(
+        &address,
+        wait,
+        all_views,
+        std::time::Duration::from_secs(timeout_s),
+    ) {
         Ok(message) => {
             println!("{message}");
             ExitCode::SUCCESS
@@ -138,13 +145,20 @@ fn resync_command(args: &[String]) -> ExitCode {
     }
 }
 
-fn resync_at(address: &str, wait: bool, all_views: bool, timeout: std::time::Duration) -> Result<String, String> {
+fn resync_at(
+    address: &str,
+    wait: bool,
+    all_views: bool,
+    timeout: std::time::Duration,
+) -> Result<String, String> {
     let query = if all_views { "?all-views=true" } else { "" };
     let (status, body) = admin_request(address, "POST", &format!("/resync{query}"))?;
     if status != 202 {
         return Err(format!("{address} answered {status}: {body}"));
     }
-    let run = json_of(&body)?["run"].as_u64().ok_or("no run number in the answer")?;
+    let run = json_of(&body)?["run"]
+        .as_u64()
+        .ok_or("no run number in the answer")?;
     if !wait {
         return Ok(format!("resync run {run} requested"));
     }
@@ -161,7 +175,9 @@ fn resync_at(address: &str, wait: bool, all_views: bool, timeout: std::time::Dur
             };
         }
         if std::time::Instant::now() > deadline {
-            return Err(format!("resync run {run} did not finish within the timeout: {r}"));
+            return Err(format!(
+                "resync run {run} did not finish within the timeout: {r}"
+            ));
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -175,15 +191,26 @@ fn json_of(body: &str) -> Result<serde_json::Value, String> {
 fn admin_request(address: &str, method: &str, path: &str) -> Result<(u16, String), String> {
     use std::io::{Read, Write};
     let timeout = std::time::Duration::from_secs(10);
-    let addr: std::net::SocketAddr = address.parse().map_err(|_| format!("{address:?} is not IP:PORT"))?;
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{address}: {e}"))?;
+    let addr: std::net::SocketAddr = address
+        .parse()
+        .map_err(|_| format!("{address:?} is not IP:PORT"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("{address}: {e}"))?;
     let _ = stream.set_read_timeout(Some(timeout));
     let request = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).map_err(|e| format!("{address}: {e}"))?;
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("{address}: {e}"))?;
     let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).map_err(|e| format!("{address}: {e}"))?;
+    stream
+        .read_to_end(&mut answer)
+        .map_err(|e| format!("{address}: {e}"))?;
     let text = String::from_utf8_lossy(&answer);
     let (head, body) = text.split_once("\r\n\r\n").ok_or("a truncated answer")?;
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or("no status line")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or("no status line")?;
     Ok((status, body.to_string()))
 }

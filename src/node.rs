@@ -237,11 +237,13 @@ fn signal_hook(
         if signal == SIGUSR1 {
             match resync.try_send(()) {
                 Ok(()) => tracing::info!(target: "chronos::node", "SIGUSR1: resync requested"),
-                Err(_) => tracing::warn!(target: "chronos::node", "SIGUSR1: resync requests are already pending; this one joins them"),
+                Err(_) => {
+                    tracing::warn!(target: "chronos::node", "SIGUSR1: resync requests are already pending; this one joins them")
+                }
             }
             return;
         }
-    assert_eq!(signal, SIGHUP, "the engine hands over SIGHUP and SIGUSR1");
+        assert_eq!(signal, SIGHUP, "the engine hands over SIGHUP and SIGUSR1");
         let next = match reload() {
             Err(e) => {
                 tracing::error!(target: "chronos::node", "SIGHUP: the configuration is invalid, keeping the current one: {e}");

@@ -119,7 +119,11 @@ fn timer(uri: &str, interval: u64, repeat_for: u64) -> String {
 fn create_timers(node: &Node, sink: &Sink) -> Instant {
     let created = Instant::now();
     for i in 0..TIMERS {
-        node.create(&timer(&sink.uri(&format!("/t/{i}")), INTERVAL_S, INTERVAL_S));
+        node.create(&timer(
+            &sink.uri(&format!("/t/{i}")),
+            INTERVAL_S,
+            INTERVAL_S,
+        ));
     }
     created
 }
@@ -176,7 +180,10 @@ fn scale_up_two_to_four() {
     );
     let total: f64 = nodes.iter().map(live).sum();
     assert_eq!(total, 2.0 * TIMERS as f64, "two live copies of each timer");
-    assert!(live(&nodes[2]) > 0.0 && live(&nodes[3]) > 0.0, "the new nodes hold timers");
+    assert!(
+        live(&nodes[2]) > 0.0 && live(&nodes[3]) > 0.0,
+        "the new nodes hold timers"
+    );
     assert!(nodes[2].metric("chronos_resync_added_total") > 0.0);
     assert_popped_once(&sink, created);
 }
@@ -186,7 +193,9 @@ fn scale_up_two_to_four() {
 fn scale_down_four_to_two_then_kill_the_leavers() {
     let port = cluster_port(4);
     let sink = Sink::start(Behaviour::Ok);
-    let mut nodes: Vec<Node> = (1..=4).map(|i| start(i, port, &[1, 2, 3, 4], &[], &[])).collect();
+    let mut nodes: Vec<Node> = (1..=4)
+        .map(|i| start(i, port, &[1, 2, 3, 4], &[], &[]))
+        .collect();
     let created = create_timers(&nodes[3], &sink);
     nodes[3].wait_replication_settled(Duration::from_secs(5));
     for i in 1..=4 {
@@ -266,6 +275,13 @@ fn a_restarted_node_takes_its_timers_back() {
     let created = create_timers(&first, &sink);
     first.wait_replication_settled(Duration::from_secs(5));
     second.kill9();
+    // The kernel tears an io_uring down after its process has gone, and
+    // the listening socket with it: wait until the port is free again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpListener::bind(("127.0.0.2", port)).is_err() {
+        assert!(Instant::now() < deadline, "127.0.0.2:{port} stays taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     second = start(2, port, &[1, 2], &[], &[]);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -282,7 +298,8 @@ fn a_restarted_node_takes_its_timers_back() {
     assert_popped_once(&sink, created);
 }
 
-/// A resync while timers are created and deleted: every timer not deleted
+/// A resync while timers are created (under the new view) and deleted on
+/// another node: every timer not deleted
 /// pops exactly once, and no deleted one pops; repeating timers keep their
 /// sequence numbers across the move.
 #[test]
@@ -296,21 +313,30 @@ fn a_resync_under_creates_and_deletes_loses_nothing_and_pops_nothing_deleted() {
     let repeating: Vec<String> = (0..10)
         .map(|i| n2.create(&timer(&sink.uri(&format!("/r/{i}")), 2, 16)))
         .collect();
+    // Seed 001's step 1 first: every node takes the new configuration
+    // (a node still on the old one cannot address a node it does not know).
+    reload(&n1, 1, port, &[1, 2], &[3], &[]);
+    reload(&n2, 2, port, &[1, 2], &[3], &[]);
     let churn = std::thread::scope(|s| {
         let churn = s.spawn(|| {
             // Create and delete at once, alternately on both old nodes.
             let mut deleted = 0;
             let stop = Instant::now() + Duration::from_secs(4);
             while Instant::now() < stop {
-                let (a, b) = if deleted % 2 == 0 { (&n1, &n2) } else { (&n2, &n1) };
+                let (a, b) = if deleted % 2 == 0 {
+                    (&n1, &n2)
+                } else {
+                    (&n2, &n1)
+                };
                 let id = a.create(&timer(&sink.uri(&format!("/gone/{deleted}")), 6, 6));
-                assert_eq!(b.request("DELETE", &format!("/timers/{id}"), "").status, 200);
+                assert_eq!(
+                    b.request("DELETE", &format!("/timers/{id}"), "").status,
+                    200
+                );
                 deleted += 1;
             }
             deleted
         });
-        reload(&n1, 1, port, &[1, 2], &[3], &[]);
-        reload(&n2, 2, port, &[1, 2], &[3], &[]);
         for node in [&n1, &n2, &n3] {
             resync_cli(node);
         }
@@ -321,7 +347,10 @@ fn a_resync_under_creates_and_deletes_loses_nothing_and_pops_nothing_deleted() {
     assert_popped_once_among(&sink, created, "/t/");
     std::thread::sleep(Duration::from_secs(4));
     let pops = sink.pops();
-    let gone: Vec<_> = pops.iter().filter(|p| p.path.starts_with("/gone/")).collect();
+    let gone: Vec<_> = pops
+        .iter()
+        .filter(|p| p.path.starts_with("/gone/"))
+        .collect();
     assert!(gone.is_empty(), "deleted timers popped: {gone:?}");
     for i in 0..10 {
         let mut seqs: Vec<u32> = pops
@@ -338,7 +367,11 @@ fn a_resync_under_creates_and_deletes_loses_nothing_and_pops_nothing_deleted() {
 fn assert_popped_once_among(sink: &Sink, created: Instant, prefix: &str) {
     let deadline = created + POP_WITHIN;
     loop {
-        let n = sink.pops().iter().filter(|p| p.path.starts_with(prefix)).count();
+        let n = sink
+            .pops()
+            .iter()
+            .filter(|p| p.path.starts_with(prefix))
+            .count();
         if n >= TIMERS || Instant::now() > deadline {
             break;
         }
@@ -346,7 +379,11 @@ fn assert_popped_once_among(sink: &Sink, created: Instant, prefix: &str) {
     }
     std::thread::sleep(Duration::from_secs(3));
     let mut per: BTreeMap<String, usize> = BTreeMap::new();
-    for p in sink.pops().iter().filter(|p| p.ok && p.path.starts_with(prefix)) {
+    for p in sink
+        .pops()
+        .iter()
+        .filter(|p| p.ok && p.path.starts_with(prefix))
+    {
         *per.entry(p.path.clone()).or_default() += 1;
     }
     let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();

@@ -98,10 +98,22 @@ async fn resync(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: bool
     let all_views = match req.query {
         "" | "all-views=false" => false,
         "all-views=true" => true,
-        other => return error(out, 400, &format!("unknown query {other:?}; expected all-views=true or none"), close),
+        other => {
+            return error(
+                out,
+                400,
+                &format!("unknown query {other:?}; expected all-views=true or none"),
+                close,
+            )
+        }
     };
     if shard.cluster().local.is_none() {
-        return error(out, 409, "this node is leaving the cluster: it serves resyncs but runs none", close);
+        return error(
+            out,
+            409,
+            "this node is leaving the cluster: it serves resyncs but runs none",
+            close,
+        );
     }
     match shard.request_resync(all_views).await {
         Some(run) => json(out, 202, &format!("{{\"run\":{run}}}"), close),
@@ -110,7 +122,13 @@ async fn resync(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: bool
 }
 
 fn json(out: &mut Vec<u8>, status: u16, body: &str, close: bool) -> u16 {
-    write_response(out, status, &[("Content-Type", b"application/json")], body.as_bytes(), close);
+    write_response(
+        out,
+        status,
+        &[("Content-Type", b"application/json")],
+        body.as_bytes(),
+        close,
+    );
     status
 }
 

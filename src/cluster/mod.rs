@@ -122,7 +122,10 @@ impl Cluster {
     /// The same cluster, with the last `count` of `nodes` reported as
     /// joining (they are members all the same).
     pub fn with_joining(mut self, count: usize) -> Cluster {
-        assert!(count < self.nodes.len(), "a cluster has a member that is not joining");
+        assert!(
+            count < self.nodes.len(),
+            "a cluster has a member that is not joining"
+        );
         self.joining = count;
         self
     }

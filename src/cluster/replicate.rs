@@ -518,7 +518,11 @@ mod tests {
         encode_body(&mut out, &body);
         let s = spec::parse(&out, crate::http::uri::check).unwrap();
         assert_eq!((s.interval_ms, s.repeat_for_ms), (1500, 6000));
-        assert_eq!(s.replication_factor, Some(3), "the requested factor travels");
+        assert_eq!(
+            s.replication_factor,
+            Some(3),
+            "the requested factor travels"
+        );
         assert_eq!(s.uri, "http://127.0.0.1:9/cb");
         assert_eq!(s.opaque, "o\"p\\aque\n");
         assert_eq!(s.tags.len(), 2);

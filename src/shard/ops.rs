@@ -49,7 +49,10 @@ impl Shard {
 
     fn client_head(&self, id: TimerId, spec: &TimerSpec, pl: &Placement) -> TimerHead {
         let factor_requested = self.factor_requested(spec);
-        assert!(pl.count <= factor_requested as usize, "placement caps the factor");
+        assert!(
+            pl.count <= factor_requested as usize,
+            "placement caps the factor"
+        );
         TimerHead {
             id,
             start_ms: clock::now_ms_ceil(),

@@ -122,7 +122,9 @@ async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String> {
         connect_timeout: timeout.min(Duration::from_secs(1)),
         per_host_max: 1,
     });
-    let peers: Vec<usize> = (0..cluster.all_nodes().count()).filter(|&p| p != me).collect();
+    let peers: Vec<usize> = (0..cluster.all_nodes().count())
+        .filter(|&p| p != me)
+        .collect();
     let left = &shard.my_stats().resync_peers_left;
     left.store(peers.len() as i64, Relaxed);
     let mut failed = Vec::new();
@@ -237,7 +239,10 @@ impl Run<'_> {
         let (shard, cluster) = (self.shard, self.cluster);
         let id = TimerId::parse(e.id.as_bytes()).ok_or("a TimerID that is not 32 hex digits")?;
         let spec = spec::parse(e.timer.get().as_bytes(), uri::check)?;
-        let r = spec.replication.as_ref().ok_or("the timer names no replicas")?;
+        let r = spec
+            .replication
+            .as_ref()
+            .ok_or("the timer names no replicas")?;
         let new: Vec<&str> = r.replicas.iter().map(|a| a.as_ref()).collect();
         let me = cluster.local_address.as_str();
         let p = new
@@ -272,7 +277,10 @@ impl Run<'_> {
         ShardStats::add(&s.resync_replicated, replicate.count_ones() as u64);
         ShardStats::add(&s.resync_tombstoned, tombstone.count_ones() as u64);
         if p <= old_pos(me) {
-            shard.route_apply(head, Some(spec), false).await.map_err(|e| e.reason)?;
+            shard
+                .route_apply(head, Some(spec), false)
+                .await
+                .map_err(|e| e.reason)?;
             ShardStats::add(&s.resync_added, 1);
         }
         Ok((id, p as u8))
@@ -332,11 +340,24 @@ impl Run<'_> {
         for attempt in 0u32.. {
             let answer = self
                 .client
-                .request(&host, node.socket.port(), &node.address, method, path, headers, body, true)
+                .request(
+                    &host,
+                    node.socket.port(),
+                    &node.address,
+                    method,
+                    path,
+                    headers,
+                    body,
+                    true,
+                )
                 .await;
             let error = match answer {
                 Ok(r) if (200..300).contains(&r.status) => return Ok(r.body),
-                Ok(r) => format!("{method} answered {}: {}", r.status, String::from_utf8_lossy(&r.body)),
+                Ok(r) => format!(
+                    "{method} answered {}: {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body)
+                ),
                 Err(e) => e,
             };
             ShardStats::add(&shard.my_stats().resync_peer_errors, 1);

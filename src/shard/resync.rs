@@ -215,7 +215,10 @@ impl Shard {
         let keys = Rc::new(self.scan_matching(q).await);
         let mut sessions = self.sessions.0.borrow_mut();
         sessions.retain(|s| s.node != q.node || s.all_views != q.all_views);
-        assert!(sessions.len() < 2 * NODES_MAX, "one session per node and kind");
+        assert!(
+            sessions.len() < 2 * NODES_MAX,
+            "one session per node and kind"
+        );
         sessions.push(Session {
             node: q.node,
             view,
@@ -233,8 +236,7 @@ impl Shard {
         let mut next = Some(0);
         while let Some(from) = next {
             let cluster = self.cluster();
-            let store = self.store.borrow();
-            next = store.scan_slice(from, SCAN_SLICE, |due, t| {
+            next = self.store.borrow().scan_slice(from, SCAN_SLICE, |due, t| {
                 if self.listable(&cluster, t, q).is_some() {
                     keys.push(Cursor {
                         due_ms: due,
@@ -242,7 +244,6 @@ impl Shard {
                     });
                 }
             });
-            drop(store);
             glommio::yield_if_needed().await;
         }
         let store = self.store.borrow();
@@ -464,8 +465,15 @@ impl Shard {
         let mut store = self.store.borrow_mut();
         let mut marked = 0;
         for &(unique, index) in list {
-            assert_eq!(shard_of(unique, self.shards), self.id, "marked on its owner");
-            if let Some(t) = store.get_mut(unique).filter(|t| t.view != view && !t.is_tombstone()) {
+            assert_eq!(
+                shard_of(unique, self.shards),
+                self.id,
+                "marked on its owner"
+            );
+            if let Some(t) = store
+                .get_mut(unique)
+                .filter(|t| t.view != view && !t.is_tombstone())
+            {
                 t.informed = t.informed.min(index);
                 marked += 1;
                 let mut replicas = [0usize; NODES_MAX];
@@ -530,7 +538,10 @@ mod tests {
 
     fn part(keys: &[(u64, u64)], looked_to: Option<(u64, u64)>) -> ShardPage {
         ShardPage {
-            entries: keys.iter().map(|&(d, u)| (key(d, u), format!("e{u}"))).collect(),
+            entries: keys
+                .iter()
+                .map(|&(d, u)| (key(d, u), format!("e{u}")))
+                .collect(),
             looked_to: looked_to.map(|(d, u)| key(d, u)),
         }
     }
@@ -538,17 +549,43 @@ mod tests {
     #[test]
     fn merge_table() {
         // (parts, limit) -> (entries taken, next cursor)
-        let cases: Vec<(Vec<ShardPage>, usize, Vec<u64>, Option<Cursor>)> = vec![
+        type Case = (Vec<ShardPage>, usize, Vec<u64>, Option<Cursor>);
+        let cases: Vec<Case> = vec![
             // Both exhausted, fewer than the limit: done.
-            (vec![part(&[(1, 1), (3, 3)], None), part(&[(2, 2)], None)], 10, vec![1, 2, 3], None),
+            (
+                vec![part(&[(1, 1), (3, 3)], None), part(&[(2, 2)], None)],
+                10,
+                vec![1, 2, 3],
+                None,
+            ),
             // The limit cuts: continue after the last taken.
-            (vec![part(&[(1, 1), (3, 3)], None), part(&[(2, 2)], None)], 2, vec![1, 2], Some(key(2, 2))),
+            (
+                vec![part(&[(1, 1), (3, 3)], None), part(&[(2, 2)], None)],
+                2,
+                vec![1, 2],
+                Some(key(2, 2)),
+            ),
             // A shard stopped at (2,2): nothing beyond it yet.
-            (vec![part(&[(1, 1), (3, 3)], None), part(&[(2, 2)], Some((2, 2)))], 10, vec![1, 2], Some(key(2, 2))),
+            (
+                vec![part(&[(1, 1), (3, 3)], None), part(&[(2, 2)], Some((2, 2)))],
+                10,
+                vec![1, 2],
+                Some(key(2, 2)),
+            ),
             // A shard that looked far but found nothing holds the page back.
-            (vec![part(&[(5, 5)], None), part(&[], Some((4, 0)))], 10, vec![], Some(key(4, 0))),
+            (
+                vec![part(&[(5, 5)], None), part(&[], Some((4, 0)))],
+                10,
+                vec![],
+                Some(key(4, 0)),
+            ),
             // Ties on due are broken by ID.
-            (vec![part(&[(7, 2)], None), part(&[(7, 1)], None)], 1, vec![1], Some(key(7, 1))),
+            (
+                vec![part(&[(7, 2)], None), part(&[(7, 1)], None)],
+                1,
+                vec![1],
+                Some(key(7, 1)),
+            ),
         ];
         for (i, (parts, limit, want, next)) in cases.into_iter().enumerate() {
             let (got, got_next) = merge_pages(parts, limit);
@@ -570,7 +607,10 @@ mod tests {
     fn references_keep_the_replica_index() {
         let id = "0123456789abcdef0000000000000001";
         let body = format!(r#"{{"IDs":[{{"ID":"{id}","ReplicaIndex":1}}]}}"#);
-        assert_eq!(parse_references(body.as_bytes()).unwrap(), vec![(0x0123456789abcdef, 1)]);
+        assert_eq!(
+            parse_references(body.as_bytes()).unwrap(),
+            vec![(0x0123456789abcdef, 1)]
+        );
         let bad = format!(r#"{{"IDs":[{{"ID":"{id}","ReplicaIndex":64}}]}}"#);
         assert!(parse_references(bad.as_bytes()).is_err());
         assert!(parse_references(b"{}").is_err());
