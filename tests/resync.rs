@@ -24,7 +24,13 @@ fn addr(i: usize, port: u16) -> String {
     format!("\"127.0.0.{i}:{port}\"")
 }
 
+/// Timers per resync page: small, so that every listing spans pages and
+/// continues from its cursor.
+const PAGE_TIMERS: usize = 7;
+
 /// The config of node `i` with these member, joining and leaving lists.
+/// Odd nodes run two shards (a page merges both shards' parts), even
+/// nodes one.
 fn config(i: usize, port: u16, nodes: &[usize], joining: &[usize], leaving: &[usize]) -> String {
     let list = |l: &[usize]| {
         l.iter()
@@ -33,7 +39,8 @@ fn config(i: usize, port: u16, nodes: &[usize], joining: &[usize], leaving: &[us
             .join(", ")
     };
     format!(
-        "[runtime]\ncores = 1\n[cluster]\nlocalhost = {}\nnode = [{}]\njoining = [{}]\nleaving = [{}]\n",
+        "[runtime]\ncores = {}\n[cluster]\nlocalhost = {}\nnode = [{}]\njoining = [{}]\nleaving = [{}]\nresync-page-timers = {PAGE_TIMERS}\n",
+        1 + i % 2,
         addr(i, port),
         list(nodes),
         list(joining),
@@ -147,6 +154,53 @@ fn assert_popped_once(sink: &Sink, created: Instant) {
     }
 }
 
+/// Page through `node`'s resync listing for node `k` (seed 000's GET,
+/// `Range: 7`) and check each page's form; the number of timers listed.
+fn list_all(node: &Node, k: usize, port: u16) -> usize {
+    let view = view_id(node);
+    let mut path_next =
+        format!("/timers?node-for-replicas=127.0.0.{k}:{port}&cluster-view-id={view}");
+    let mut listed = 0;
+    for _ in 0..100 {
+        let r = request(node.addr, "GET", &path_next, &[("Range", "7")], b"");
+        let page: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        let timers = page["timers"].as_array().unwrap();
+        assert!(timers.len() <= 7);
+        for t in timers {
+            assert_eq!(t["TimerID"].as_str().unwrap().len(), 32, "{t}");
+            assert!(t["OldReplicas"].as_array().is_some(), "{t}");
+            let timer = &t["Timer"];
+            assert!(timer["timing"]["start-time"].is_u64(), "{t}");
+            assert_eq!(
+                timer["reliability"]["cluster-view-id"],
+                view.as_str(),
+                "{t}"
+            );
+            let replicas = timer["reliability"]["replicas"].as_array().unwrap();
+            assert!(
+                replicas.contains(&format!("127.0.0.{k}:{port}").into()),
+                "{t}"
+            );
+        }
+        listed += timers.len();
+        match r.status {
+            200 => return listed,
+            206 => {
+                assert_eq!(
+                    r.header("Content-Range"),
+                    Some(timers.len().to_string().as_str())
+                );
+                let cursor = page["cursor"].as_str().unwrap();
+                path_next = format!(
+                    "/timers?node-for-replicas=127.0.0.{k}:{port}&cluster-view-id={view}&cursor={cursor}"
+                );
+            }
+            other => panic!("{other}: {}", r.text()),
+        }
+    }
+    panic!("the listing did not end within 100 pages")
+}
+
 fn live(node: &Node) -> f64 {
     node.metric("chronos_timers_pending") - node.metric("chronos_tombstones")
 }
@@ -168,6 +222,11 @@ fn scale_up_two_to_four() {
     for i in 1..=2 {
         reload(&nodes[i - 1], i, port, &[1, 2], &[3, 4], &[]);
     }
+    let listed = list_all(&nodes[0], 3, port);
+    assert!(
+        listed > 0 && listed < TIMERS,
+        "node 1 lists {listed} timers for node 3"
+    );
     for node in &nodes {
         resync_cli(node);
     }

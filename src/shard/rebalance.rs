@@ -46,6 +46,10 @@ use std::time::{Duration, Instant};
 const BACKOFF_MS_MIN: u64 = 100;
 const BACKOFF_MS_MAX: u64 = 2_000;
 
+/// Why a run stopped early: a reload changed the view under it. The run
+/// is started again under the new view.
+const VIEW_CHANGED: &str = "the cluster view changed during the run";
+
 /// Resync requests waiting for shard 0's resync loop.
 #[derive(Default)]
 pub struct Trigger {
@@ -90,7 +94,12 @@ async fn run_recorded(shard: &Rc<Shard>, all_views: bool) {
     let kind = if all_views { "restore" } else { "resync" };
     tracing::info!(target: "chronos::resync", "{kind} started");
     let started = Instant::now();
-    let result = run(shard, all_views).await;
+    let mut result = run(shard, all_views).await;
+    // A reload during the run: it starts again under the new view.
+    while result.as_ref().is_err_and(|e| e == VIEW_CHANGED) && !shard.gate.is_closing() {
+        tracing::warn!(target: "chronos::resync", "{kind}: {VIEW_CHANGED}; starting again");
+        result = run(shard, all_views).await;
+    }
     s.resync_peers_left.store(0, Relaxed);
     let ms = started.elapsed().as_millis();
     match result {
@@ -136,16 +145,20 @@ async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String> {
         deaf_leaving: 0,
     };
     for peer in peers {
-        if let Err(e) = run.sync_from(peer).await {
-            tracing::error!(target: "chronos::resync", "{}: {e}", cluster.node_at(peer).address);
-            failed.push(format!("{}: {e}", cluster.node_at(peer).address));
+        match run.sync_from(peer).await {
+            Err(e) if e == VIEW_CHANGED => return Err(e),
+            Err(e) => {
+                tracing::error!(target: "chronos::resync", "{}: {e}", cluster.node_at(peer).address);
+                failed.push(format!("{}: {e}", cluster.node_at(peer).address));
+            }
+            Ok(()) => {}
         }
         left.fetch_sub(1, Relaxed);
         if shard.gate.is_closing() {
             return Err("shutting down".into());
         }
         if shard.cluster().view_id != cluster.view_id {
-            return Err("the cluster view changed during the run; run it again".into());
+            return Err(VIEW_CHANGED.into());
         }
     }
     match failed.is_empty() {
@@ -362,6 +375,9 @@ impl Run<'_> {
             };
             ShardStats::add(&shard.my_stats().resync_peer_errors, 1);
             let backoff = Duration::from_millis(backoff_ms);
+            if shard.cluster().view_id != self.cluster.view_id {
+                return Err(VIEW_CHANGED.into());
+            }
             if Instant::now() + backoff > deadline || shard.gate.is_closing() {
                 return Err(error);
             }

@@ -308,9 +308,13 @@ impl Shard {
         let wheel = store.get(unique).map(|(_, t)| t);
         let t = match wheel.filter(|t| self.listable(&cluster, t, q).is_some()) {
             Some(t) => t,
+            // The informational copy, when the wheel holds no live copy of
+            // the incarnation (seed 003: a copy under the current view is
+            // this node's answer, and the requester gets it from the
+            // replication of whoever moved it).
             None => store
                 .info(unique)
-                .filter(|i| wheel.is_none_or(|w| w.version == i.version))
+                .filter(|i| wheel.is_none_or(|w| w.is_tombstone() && w.version == i.version))
                 .filter(|i| self.listable(&cluster, i, q).is_some())?,
         };
         let mut replicas = [0usize; NODES_MAX];

@@ -394,6 +394,20 @@ mod tests {
     }
 
     #[test]
+    fn informational_timers_are_one_per_id_outside_the_wheel() {
+        let mut s = Store::new(0, 1, 0, 0);
+        s.insert(5, timer(1));
+        assert!(s.keep_info(timer(1)));
+        assert!(s.keep_info(timer(1)), "a second copy replaces the first");
+        assert_eq!((s.info_len(), s.len()), (1, 1), "outside the wheel");
+        let mut out = Vec::new();
+        s.poll(10, usize::MAX, &mut out);
+        assert_eq!(out.len(), 1, "the wheel pops only its own copy");
+        assert!(s.info(1).is_some());
+        assert!(s.drop_info(1).is_some() && s.info(1).is_none());
+    }
+
+    #[test]
     fn tags_count_live_timers() {
         let mut s = Store::new(0, 1, 0, 0);
         let t = tagged(&mut s, 1, "CALL", 3);
