@@ -646,3 +646,35 @@ fn a_creator_that_is_not_a_replica_keeps_nothing() {
         "node 1 holds exactly the timers it is the replica of"
     );
 }
+
+/// A node that starts after a timer was created elsewhere schedules it
+/// from its true start: engine time used to begin at 0 at process start,
+/// so a replicated start before it was clamped to the process start, and
+/// the timer popped as late as the node was young (the backup popped it
+/// first, 2 s late).
+#[test]
+fn a_node_started_after_the_create_pops_on_time() {
+    let port = cluster_port(2);
+    let n1 = Node::start_at("127.0.0.1", port, &cluster_config(2, 1, port, 1, ""));
+    let sink = Sink::start(Behaviour::Ok);
+    let id = two_ids_where(|id| replicas_of(id, 2, port, 2)[0] == 2).remove(0);
+    let created = Instant::now();
+    let r = n1.request(
+        "PUT",
+        &format!("/timers/{id}"),
+        &body("5", None, &sink.uri("/late"), "l", 2),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Node 2, the primary, starts 3 s later and learns the timer from the
+    // retried replication or its start-up resync.
+    std::thread::sleep(Duration::from_secs(3));
+    let _n2 = Node::start_at("127.0.0.2", port, &cluster_config(2, 2, port, 1, ""));
+    let pops = sink.wait_for(1, Duration::from_secs(10));
+    assert!(!pops.is_empty(), "no pop");
+    let at = pops[0].at - created;
+    assert!(
+        at >= Duration::from_secs(5)
+            && at < Duration::from_secs(5) + SKEW - Duration::from_millis(300),
+        "popped {at:?} after the create: not by the primary on time"
+    );
+}

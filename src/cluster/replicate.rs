@@ -280,6 +280,20 @@ impl Replicator {
         *current = next;
     }
 
+    /// Whether every peer in `mask` (over the peer order) has less than
+    /// half its queue bound waiting, in messages and in bytes: bulk senders
+    /// (a resync) wait for this, so they never crowd out, or get dropped
+    /// with, the replication of client operations and pops.
+    pub fn has_room(&self, mask: u64) -> bool {
+        let peers = self.peers.borrow();
+        let c = &self.config;
+        peers.iter().enumerate().all(|(i, p)| {
+            mask & (1u64 << i) == 0
+                || (p.queued.get() < c.queue_max / 2
+                    && p.queued_bytes.get() < c.queue_bytes_max / 2)
+        })
+    }
+
     /// Queue a replication `PUT /timers/<id>` to `peer`. Never waits: a
     /// full queue drops the message (counted).
     pub fn send(&self, peer: usize, id: TimerId, body: &Body<'_>) {

@@ -298,6 +298,9 @@ impl Input {
     }
 }
 
+/// How long a connection's task may run without letting the reactor turn.
+const BREATHE_AFTER: Duration = Duration::from_micros(500);
+
 impl<H: Handler> Server<H> {
     /// Serve one connection until it closes, errs, idles out, or shutdown.
     async fn serve<C: Conn>(&self, mut stream: C) {
@@ -312,8 +315,16 @@ impl<H: Handler> Server<H> {
             phase_since: Instant::now(),
         };
         let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+        let mut breath = Instant::now();
         loop {
             let close = self.answer_buffered(&mut input, &mut out).await;
+            // A peer that keeps the input full (pipelined replication at a
+            // resync's pace) would keep this task runnable, and the pops
+            // of this shard waiting, for glommio's whole 100 ms quantum.
+            if breath.elapsed() >= BREATHE_AFTER {
+                crate::runtime::breathe().await;
+                breath = Instant::now();
+            }
             if !out.is_empty() {
                 if stream.write_all(&out).await.is_err() {
                     return;

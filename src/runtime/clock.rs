@@ -1,10 +1,20 @@
 //! Clocks. Pop times use `CLOCK_MONOTONIC` (via `Instant`) in whole ms since
 //! one process-wide base, so every shard agrees; IDs use the wall clock.
+//!
+//! Engine time starts at `ORIGIN_MS`, not 0: a timer another node started
+//! before this process did (replication or resync right after a start)
+//! has a start before the base, and engine time must be able to say so.
+//! Starting at 0 clamped such starts to 0, and those timers popped as
+//! late as the process was young (150 ms in `perf/resync-bench.sh`).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 static BASE: OnceLock<Instant> = OnceLock::new();
+
+/// Engine time at the base: 2^33 ms (99 days) of room before it, more
+/// than a live timer's `repeat-for` can reach back (u32 ms, 49.7 days).
+pub const ORIGIN_MS: u64 = 1 << 33;
 
 /// The instant that engine time 0 stands for.
 pub fn base() -> Instant {
@@ -13,14 +23,14 @@ pub fn base() -> Instant {
 
 /// Engine time now, rounded down to the ms: use it to decide what is due.
 pub fn now_ms() -> u64 {
-    base().elapsed().as_millis() as u64
+    ORIGIN_MS + base().elapsed().as_millis() as u64
 }
 
 /// Engine time now, rounded up to the ms: use it as a start time, so that
 /// `start + interval` is never before the real `now + interval`.
 pub fn now_ms_ceil() -> u64 {
     let e = base().elapsed();
-    let ms = e.as_millis() as u64;
+    let ms = ORIGIN_MS + e.as_millis() as u64;
     if e.subsec_nanos().is_multiple_of(1_000_000) {
         ms
     } else {
@@ -28,9 +38,9 @@ pub fn now_ms_ceil() -> u64 {
     }
 }
 
-/// The `Instant` of an engine time.
+/// The `Instant` of an engine time (the base for a time before it).
 pub fn instant_of(ms: u64) -> Instant {
-    base() + Duration::from_millis(ms)
+    base() + Duration::from_millis(ms.saturating_sub(ORIGIN_MS))
 }
 
 /// Wall-clock ms since the Unix epoch.

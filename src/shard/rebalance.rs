@@ -29,6 +29,7 @@ use super::Shard;
 use crate::cluster::{Cluster, Node};
 use crate::http::client::{Client, ClientConfig};
 use crate::http::uri;
+use crate::runtime::clock;
 use crate::runtime::notify::Notify;
 use crate::stats::{self, ShardStats};
 use crate::timer::spec::TAGS_MAX;
@@ -45,6 +46,15 @@ use std::time::{Duration, Instant};
 /// Backoff between attempts at an unreachable node.
 const BACKOFF_MS_MIN: u64 = 100;
 const BACKOFF_MS_MAX: u64 = 2_000;
+
+/// How often a resync looks for room in the replication queues, and how
+/// long it waits for it per timer.
+const ROOM_POLL_MS: u64 = 2;
+const ROOM_WAIT_MS_MAX: u64 = 10_000;
+
+/// Timers applied between turns of the reactor (well under 1 ms), so
+/// this shard's pops are not held up by a resync.
+const BREATHE_EVERY: usize = 64;
 
 /// Why a run stopped early: a reload changed the view under it. The run
 /// is started again under the new view.
@@ -143,6 +153,7 @@ async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String> {
         cluster: &cluster,
         all_views,
         deaf_leaving: 0,
+        congested: 0,
     };
     for peer in peers {
         match run.sync_from(peer).await {
@@ -193,6 +204,8 @@ struct Run<'a> {
     all_views: bool,
     /// Leaving nodes (peer mask) a DELETE could not reach in this run.
     deaf_leaving: u64,
+    /// Peers whose replication queue did not drain (see `wait_for_room`).
+    congested: u64,
 }
 
 impl Run<'_> {
@@ -206,12 +219,16 @@ impl Run<'_> {
             let path = self.page_path(cursor.as_deref());
             let headers: [(&str, &[u8]); 1] = [("Range", range.as_bytes())];
             let body = self.fetch(node, "GET", &path, &headers, b"").await?;
+            let received_ms = clock::now_ms();
             let page: Page = serde_json::from_slice(&body)
                 .map_err(|e| format!("a resync page that is not JSON: {e}"))?;
             let mut refs = Vec::with_capacity(page.timers.len());
-            for entry in &page.timers {
+            for (i, entry) in page.timers.iter().enumerate() {
+                if i % BREATHE_EVERY == BREATHE_EVERY - 1 {
+                    crate::runtime::breathe().await;
+                }
                 ShardStats::add(&self.shard.my_stats().resync_received, 1);
-                match self.apply_entry(entry).await {
+                match self.apply_entry(entry, received_ms).await {
                     Ok(r) => refs.push(r),
                     Err(e) => {
                         tracing::warn!(target: "chronos::resync", "{}: timer {} skipped: {e}", node.address, entry.id);
@@ -248,7 +265,11 @@ impl Run<'_> {
 
     /// Seed 003's rules for one listed timer; the `(ID, ReplicaIndex)`
     /// to tell the leaving nodes.
-    async fn apply_entry(&self, e: &Entry<'_>) -> Result<(TimerId, u8), String> {
+    async fn apply_entry(
+        &mut self,
+        e: &Entry<'_>,
+        received_ms: u64,
+    ) -> Result<(TimerId, u8), String> {
         let (shard, cluster) = (self.shard, self.cluster);
         let id = TimerId::parse(e.id.as_bytes()).ok_or("a TimerID that is not 32 hex digits")?;
         let spec = spec::parse(e.timer.get().as_bytes(), uri::check)?;
@@ -277,7 +298,15 @@ impl Run<'_> {
             }
         }
         let (replicate, tombstone) = (shard.without_me(replicate), shard.without_me(tombstone));
-        let (head, _) = shard.replica_head(id, &spec);
+        self.wait_for_room(replicate | tombstone).await?;
+        let (mut head, _) = shard.replica_head(id, &spec);
+        // The start came as a delta to the serving node's clock when it
+        // wrote the page; count it from when the page arrived, not from
+        // now: applying a page can take a while (backpressure), and every
+        // ms of it would make this copy pop a ms late. (Never early: the
+        // page was written before it arrived.)
+        let lag_ms = clock::now_ms().saturating_sub(received_ms);
+        head.start_ms = head.start_ms.saturating_sub(lag_ms);
         let mut tags = [("", 0u32); TAGS_MAX];
         for (slot, (name, count)) in tags.iter_mut().zip(&spec.tags) {
             *slot = (name.as_ref(), *count);
@@ -297,6 +326,35 @@ impl Run<'_> {
             ShardStats::add(&s.resync_added, 1);
         }
         Ok((id, p as u8))
+    }
+
+    /// Backpressure: wait until the replication queues to `peers` are
+    /// less than half full. A peer whose queue does not drain within
+    /// `ROOM_WAIT_MS_MAX` (it is down) is not waited for again in this
+    /// run: its queue's own bounds drop and count what does not fit.
+    async fn wait_for_room(&mut self, peers: u64) -> Result<(), String> {
+        let shard = self.shard;
+        let started = Instant::now();
+        let wanted = peers & !self.congested;
+        while !shard.replicator.has_room(wanted) {
+            if shard.gate.is_closing() {
+                return Err("shutting down".into());
+            }
+            if started.elapsed() > Duration::from_millis(ROOM_WAIT_MS_MAX) {
+                let mut rest = wanted;
+                while rest != 0 {
+                    let peer = rest.trailing_zeros() as usize;
+                    rest &= rest - 1;
+                    if !shard.replicator.has_room(1u64 << peer) {
+                        tracing::warn!(target: "chronos::resync", "{}: its replication queue does not drain; not waited for again in this run", self.cluster.node_at(peer).address);
+                        self.congested |= 1u64 << peer;
+                    }
+                }
+                return Ok(());
+            }
+            glommio::timer::sleep(Duration::from_millis(ROOM_POLL_MS)).await;
+        }
+        Ok(())
     }
 
     /// `DELETE /timers/references` with this page's timers to every
