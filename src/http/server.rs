@@ -322,7 +322,7 @@ impl<H: Handler> Server<H> {
             // resync's pace) would keep this task runnable, and the pops
             // of this shard waiting, for glommio's whole 100 ms quantum.
             if breath.elapsed() >= BREATHE_AFTER {
-                crate::runtime::breathe().await;
+                crate::runtime::bulk::breathe().await;
                 breath = Instant::now();
             }
             if !out.is_empty() {

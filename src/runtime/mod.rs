@@ -17,6 +17,7 @@
 //! process exits 0. Other signals go to the caller's hook, on the signal
 //! thread.
 
+pub mod bulk;
 pub mod clock;
 pub mod gate;
 pub mod mesh;
@@ -280,15 +281,6 @@ fn bind_listeners(engine: &EngineConfig, pinned: &[usize]) -> Result<Vec<OwnedFd
 }
 
 /// Run the engine until shutdown: `shard_main` is each shard's body.
-/// Let the reactor run: bulk work (a resync) calls this between bounded
-/// chunks. A task that only yields stays runnable, and glommio polls its
-/// reactor (timers, sockets) only when no task is runnable or its 100 ms
-/// preemption quantum has passed, so due pops would wait that long; a
-/// sleep parks the task, the other runnable tasks run, then the reactor.
-pub async fn breathe() {
-    glommio::timer::sleep(Duration::from_micros(1)).await;
-}
-
 pub fn run<M, F, Fut>(engine: &EngineConfig, hook: SignalHook, shard_main: F) -> Result<(), String>
 where
     M: Send + Sync + 'static,

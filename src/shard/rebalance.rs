@@ -225,7 +225,7 @@ impl Run<'_> {
             let mut refs = Vec::with_capacity(page.timers.len());
             for (i, entry) in page.timers.iter().enumerate() {
                 if i % BREATHE_EVERY == BREATHE_EVERY - 1 {
-                    crate::runtime::breathe().await;
+                    crate::runtime::bulk::breathe().await;
                 }
                 ShardStats::add(&self.shard.my_stats().resync_received, 1);
                 match self.apply_entry(entry, received_ms).await {

@@ -52,7 +52,7 @@ pub const SESSION_IDLE_MS: u64 = 60_000;
 
 /// A position in a listing: pop-time order, ties broken by ID. `due_ms`
 /// is the serving node's engine clock, so a cursor is opaque elsewhere.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cursor {
     pub due_ms: u64,
     pub unique: u64,
@@ -247,19 +247,24 @@ impl Shard {
                     });
                 }
             });
-            crate::runtime::breathe().await;
+            crate::runtime::bulk::breathe().await;
         }
-        let store = self.store.borrow();
-        for unique in store.info_ids() {
-            let t = store.info(unique).expect("listed");
-            if self.listable(&self.cluster(), t, q).is_some() {
-                let due_ms = t.next_pop_ms(self.skew_ms());
-                keys.push(Cursor { due_ms, unique });
+        {
+            let store = self.store.borrow();
+            for unique in store.info_ids() {
+                // An informational copy stands in only behind a tombstone.
+                if store.get(unique).is_some_and(|(_, w)| !w.is_tombstone()) {
+                    continue;
+                }
+                let t = store.info(unique).expect("listed");
+                if self.listable(&self.cluster(), t, q).is_some() {
+                    let due_ms = t.next_pop_ms(self.skew_ms());
+                    keys.push(Cursor { due_ms, unique });
+                }
             }
         }
-        keys.sort_unstable();
-        keys.dedup_by_key(|k| k.unique);
-        keys
+        // A million keys take tens of ms to sort: in chunks.
+        crate::runtime::bulk::sort(keys).await
     }
 
     /// Whether `q`'s node should be told of `t`: its index in the timer's
@@ -297,7 +302,7 @@ impl Shard {
                 entries.push((*key, entry));
             }
             if examined % BREATHE_EVERY == BREATHE_EVERY - 1 {
-                crate::runtime::breathe().await;
+                crate::runtime::bulk::breathe().await;
             }
         }
         ShardPage {
