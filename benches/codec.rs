@@ -84,6 +84,7 @@ fn json(c: &mut Criterion) {
         opaque: "c2Vzc2lvbi0xMjM0NTY3ODkw",
         view_id: 90691053180028962,
         replicas: &replicas,
+        sites: &[],
         factor_requested: 2,
         tags: &tags,
         start_time_unix_ms: None,

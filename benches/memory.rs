@@ -39,6 +39,8 @@ fn main() {
             replica_index: 0,
             replication_factor: 2,
             factor_requested: 2,
+            site_index: 0,
+            sites: u32::MAX,
         };
         let t = Timer::new(head, uri, opaque, &[]);
         store.insert(1 + (i as u64 * 7919) % 3_600_000, t);

@@ -18,6 +18,7 @@
 //! callback-timeout-ms = 1500
 //! ```
 
+use crate::cluster::sites::Sites;
 use crate::cluster::Cluster;
 use serde::Deserialize;
 use std::net::IpAddr;
@@ -237,6 +238,32 @@ pub struct Config {
     pub timers: TimersConfig,
     pub log: LogConfig,
     pub queue: Option<QueueConfig>,
+    pub sites: SitesConfig,
+}
+
+/// `[sites]`, with the reference's key names: geographic redundancy.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SitesConfig {
+    pub local_site: String,
+    /// `"name=ip:port"` (or `"name=ip"`: the local bind port) per remote
+    /// site: where that site's nodes take cross-site requests.
+    pub remote_site: Vec<String>,
+    /// Send timers to the remote sites (off: each site keeps its own).
+    pub replicate_timers_across_sites: bool,
+    /// A cross-site batch must be answered within this.
+    pub site_timeout_ms: u64,
+}
+
+impl Default for SitesConfig {
+    fn default() -> Self {
+        SitesConfig {
+            local_site: "site1".into(),
+            remote_site: Vec::new(),
+            replicate_timers_across_sites: false,
+            site_timeout_ms: 5000,
+        }
+    }
 }
 
 /// What the command line asked for.
@@ -321,6 +348,8 @@ pub struct Resolved {
     /// (`Shard::cluster`), not this one.
     pub cluster: Cluster,
     pub instance_id: u16,
+    /// `[sites]` resolved (restart to change).
+    pub sites: Sites,
 }
 
 impl Config {
@@ -366,12 +395,23 @@ impl Config {
         let cluster = self.resolve_cluster(ip)?;
         let instance_id = self.resolve_instance(&cluster)?;
         self.check_skew_rule(&cluster)?;
+        let st = &self.sites;
+        let sites = Sites::new(
+            &st.local_site,
+            &st.remote_site,
+            st.replicate_timers_across_sites,
+            self.http.bind_port,
+        )?;
+        if st.site_timeout_ms == 0 {
+            return Err("[sites] site_timeout_ms must be positive".into());
+        }
         assert!(shards >= 1 && shards <= available_cores);
         Ok(Resolved {
             config: self,
             shards,
             cluster,
             instance_id,
+            sites,
         })
     }
 

@@ -14,6 +14,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let replicas: Vec<&str> = r.replicas.iter().map(|s| s.as_ref()).collect();
+    let sites: Vec<&str> = r.sites.iter().map(|s| s.as_ref()).collect();
     let tags: Vec<(&str, u32)> = spec.tags.iter().map(|(t, n)| (t.as_ref(), *n)).collect();
     let body = Body {
         interval_ms: spec.interval_ms,
@@ -25,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
         opaque: &spec.opaque,
         view_id: 1,
         replicas: &replicas,
+        sites: &sites,
         factor_requested: spec.replication_factor.unwrap_or(1),
         tags: &tags,
         start_time_unix_ms: None,
@@ -44,7 +46,9 @@ fuzz_target!(|data: &[u8]| {
         again.replication_factor,
         Some(spec.replication_factor.unwrap_or(1))
     );
-    let r2 = again.replication.expect("replicas survive");
+    let r2 = again.replication.expect("replicas or sites survive");
+    assert_eq!(r2.replicas, r.replicas);
+    assert_eq!(r2.sites, r.sites);
     assert_eq!(r2.sequence_number, r.sequence_number);
     assert_eq!(r2.start_time_delta_ms, r.start_time_delta_ms);
 });

@@ -176,6 +176,14 @@ async fn timer(
     };
     match req.method {
         Method::Put => match spec::parse(req.body, uri::check) {
+            Ok(s)
+                if s.replication
+                    .as_ref()
+                    .is_some_and(|r| r.replicas.is_empty()) =>
+            {
+                let result = shard.site_update(id, s).await;
+                timer_result(out, result, close)
+            }
             Ok(s) if s.replication.is_some() => {
                 let result = shard.replica_update(id, s).await;
                 timer_result(out, result, close)
@@ -210,7 +218,14 @@ fn ready(api: &Api, method: Method, out: &mut Vec<u8>, close: bool) -> u16 {
 async fn metrics(shard: &Shard, out: &mut Vec<u8>, close: bool) -> u16 {
     let tags = shard.all_tags().await;
     let mut text = String::with_capacity(4096);
-    crate::stats::render(&shard.stats, &tags, &mut text);
+    let sites: Vec<String> = shard
+        .resolved
+        .sites
+        .remote
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    crate::stats::render(&shard.stats, &tags, &sites, &mut text);
     write_response(
         out,
         200,

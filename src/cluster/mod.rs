@@ -11,6 +11,7 @@
 //!   over every node of the (new) cluster, written in decimal.
 
 pub mod replicate;
+pub mod sites;
 
 use crate::murmur::{murmur3_x86_128, murmur3_x86_32};
 use std::net::SocketAddr;

@@ -65,6 +65,44 @@ pub struct ReplicatorConfig {
     /// (counted as failed); until then it is retried. With `timeout`, it
     /// bounds how late a message can arrive, which tombstones outlive.
     pub deliver_within: Duration,
+    /// Peers are remote sites (GR): count per site slot
+    /// (`ShardStats::site_counts`), not as replication within the site.
+    pub sites: bool,
+}
+
+/// What a replicator counts.
+#[derive(Clone, Copy)]
+enum Count {
+    Enqueued = 0,
+    Sent = 1,
+    Failed = 2,
+    Dropped = 3,
+    Retried = 4,
+}
+
+/// Count `n` of `what` for `peer` (a site slot's counters, or the
+/// cluster's replication counters).
+fn count(stats: &ShardStats, peer: Option<&Peer>, what: Count, n: u64) {
+    if let Some(slot) = peer.and_then(|p| p.site) {
+        ShardStats::add(&stats.site_counts[what as usize][slot], n);
+        return;
+    }
+    let counter = match what {
+        Count::Enqueued => &stats.replication_enqueued,
+        Count::Sent => &stats.replication_sent,
+        Count::Failed => &stats.replication_failed,
+        Count::Dropped => &stats.replication_dropped,
+        Count::Retried => &stats.replication_retried,
+    };
+    ShardStats::add(counter, n);
+}
+
+/// Set a peer's queue length (and its site's gauge).
+fn set_queued(stats: &ShardStats, peer: &Peer, queued: usize) {
+    peer.queued.set(queued);
+    if let Some(slot) = peer.site {
+        stats.site_queued[slot].store(queued as i64, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// What one replication message says about a timer.
@@ -79,7 +117,10 @@ pub struct Body<'a> {
     pub uri: &'a str,
     pub opaque: &'a str,
     pub view_id: u64,
+    /// Empty in a body for another site (GR): that site places it.
     pub replicas: &'a [&'a str],
+    /// The timer's site list (GR), first the site that took it.
+    pub sites: &'a [&'a str],
     /// The replication factor the client asked for (this project's
     /// extension: `replicas` may be fewer, capped at the cluster size).
     pub factor_requested: u8,
@@ -128,17 +169,24 @@ pub fn encode_body(out: &mut Vec<u8>, b: &Body<'_>) {
     }
     let _ = write!(
         out,
-        ",\"reliability\":{{\"replication-factor\":{},\"cluster-view-id\":\"{}\",\"replicas\":[",
+        ",\"reliability\":{{\"replication-factor\":{},\"cluster-view-id\":\"{}\"",
         b.factor_requested.max(1),
         b.view_id
     );
-    for (i, r) in b.replicas.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
+    for (key, list) in [("replicas", b.replicas), ("sites", b.sites)] {
+        if list.is_empty() {
+            continue;
         }
-        write_json_str(out, r);
+        let _ = write!(out, ",\"{key}\":[");
+        for (i, r) in list.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_json_str(out, r);
+        }
+        out.push(b']');
     }
-    out.extend_from_slice(b"]}");
+    out.push(b'}');
     if !b.tags.is_empty() {
         out.extend_from_slice(b",\"statistics\":{\"tag-info\":[");
         for (i, (tag, count)) in b.tags.iter().enumerate() {
@@ -187,10 +235,16 @@ struct Peer {
     /// No longer a peer (a reload dropped it): its sender stops once the
     /// queue is empty.
     retired: Cell<bool>,
+    /// Its remote site slot, for a replicator to other sites.
+    site: Option<usize>,
 }
 
 impl Peer {
-    fn new(address: &str, socket: SocketAddr) -> Rc<Peer> {
+    fn new(address: &str, socket: SocketAddr, site: Option<usize>) -> Rc<Peer> {
+        assert!(
+            site.is_none_or(|k| k < crate::stats::SITE_SLOTS),
+            "a site slot"
+        );
         Rc::new(Peer {
             address: address.to_string(),
             socket,
@@ -201,6 +255,7 @@ impl Peer {
             wake: Notify::default(),
             running: Cell::new(false),
             retired: Cell::new(false),
+            site,
         })
     }
 }
@@ -234,7 +289,10 @@ impl Replicator {
             peers: RefCell::new(
                 peers
                     .iter()
-                    .map(|(address, socket)| Peer::new(address, *socket))
+                    .enumerate()
+                    .map(|(i, (address, socket))| {
+                        Peer::new(address, *socket, config.sites.then_some(i))
+                    })
                     .collect(),
             ),
             config: ReplicatorConfig {
@@ -267,7 +325,7 @@ impl Replicator {
                     .find(|p| p.address == *address && p.socket == *socket)
                 {
                     Some(p) => p.clone(),
-                    None => Peer::new(address, *socket),
+                    None => Peer::new(address, *socket, None),
                 }
             })
             .collect();
@@ -300,11 +358,11 @@ impl Replicator {
         let peers = self.peers.borrow();
         let Some(p) = peers.get(peer) else {
             // Not a peer of the current view (a reload raced the caller).
-            ShardStats::add(&self.stats().replication_dropped, 1);
+            count(self.stats(), None, Count::Dropped, 1);
             return;
         };
         if p.queued.get() >= self.config.queue_max {
-            ShardStats::add(&self.stats().replication_dropped, 1);
+            count(self.stats(), Some(p), Count::Dropped, 1);
             return;
         }
         let mut scratch = self.scratch.borrow_mut();
@@ -313,10 +371,10 @@ impl Replicator {
         // The body plus at most this much head.
         let bytes = scratch.len() + REQUEST_HEAD_BYTES_MAX;
         if p.queued_bytes.get() + bytes > self.config.queue_bytes_max {
-            ShardStats::add(&self.stats().replication_dropped, 1);
+            count(self.stats(), Some(p), Count::Dropped, 1);
             return;
         }
-        ShardStats::add(&self.stats().replication_enqueued, 1);
+        count(self.stats(), Some(p), Count::Enqueued, 1);
         let mut segments = p.segments.borrow_mut();
         if segments
             .back()
@@ -349,7 +407,7 @@ impl Replicator {
         assert!(out.len() - before <= bytes, "the head fits its allowance");
         seg.ends.push(out.len() as u32);
         seg.count += 1;
-        p.queued.set(p.queued.get() + 1);
+        set_queued(self.stats(), p, p.queued.get() + 1);
         p.queued_bytes
             .set(p.queued_bytes.get() + out.len() - before);
         assert!(seg.count <= BATCH_MAX && p.queued.get() <= self.config.queue_max);
@@ -403,7 +461,7 @@ impl Sender {
                 peer.queued.get() >= seg.count,
                 "queued counts every segment"
             );
-            peer.queued.set(peer.queued.get() - seg.count);
+            set_queued(&self.stats[self.shard], peer, peer.queued.get() - seg.count);
             assert!(peer.queued_bytes.get() >= seg.bytes.len());
             peer.queued_bytes
                 .set(peer.queued_bytes.get() - seg.bytes.len());
@@ -443,8 +501,8 @@ impl Sender {
             .await;
         let sent = statuses.iter().filter(|s| (200..300).contains(*s)).count();
         let refused = statuses.iter().filter(|s| is_final_refusal(**s)).count();
-        ShardStats::add(&stats.replication_sent, sent as u64);
-        ShardStats::add(&stats.replication_failed, refused as u64);
+        count(stats, Some(peer), Count::Sent, sent as u64);
+        count(stats, Some(peer), Count::Failed, refused as u64);
         let retry = seg.count - sent - refused;
         match outcome {
             Ok(()) if retry == 0 => 0,
@@ -471,7 +529,7 @@ impl Sender {
         let peer = &self.peer;
         let expired = seg.created.elapsed() >= self.config.deliver_within;
         if expired || self.gate.is_closing() || peer.retired.get() {
-            ShardStats::add(&stats.replication_failed, again.len() as u64);
+            count(stats, Some(peer), Count::Failed, again.len() as u64);
             tracing::warn!(target: "chronos::replication", "to {}: {} messages given up undelivered", peer.address, again.len());
             return;
         }
@@ -486,8 +544,8 @@ impl Sender {
             retry.ends.push(retry.bytes.len() as u32);
             retry.count += 1;
         }
-        ShardStats::add(&stats.replication_retried, retry.count as u64);
-        peer.queued.set(peer.queued.get() + retry.count);
+        count(stats, Some(peer), Count::Retried, retry.count as u64);
+        set_queued(stats, peer, peer.queued.get() + retry.count);
         peer.queued_bytes
             .set(peer.queued_bytes.get() + retry.bytes.len());
         peer.segments.borrow_mut().push_front(retry);
@@ -524,6 +582,7 @@ mod tests {
             opaque: "o\"p\\aque\n",
             view_id: 90691053180028962,
             replicas: &replicas,
+            sites: &["a", "b"],
             factor_requested: 3,
             tags: &tags,
             start_time_unix_ms: None,

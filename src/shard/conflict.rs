@@ -68,6 +68,8 @@ mod tests {
             replica_index: 0,
             replication_factor: 2,
             factor_requested: 2,
+            site_index: 0,
+            sites: u32::MAX,
         }
     }
 

@@ -64,6 +64,8 @@ pub struct Shard {
     /// The HTTP client: callbacks, and (through the replicator) replication.
     pub client: Rc<Client>,
     pub replicator: Replicator,
+    /// Cross-site (GR) replication: one queue per remote site.
+    pub sites_out: Replicator,
     /// Closed at shutdown; the pop loop and the replication senders hold it.
     pub gate: Rc<Gate>,
     pub pop: PopState,
@@ -104,12 +106,14 @@ impl Shard {
                 queue_bytes_max: c.replication_queue_bytes_max,
                 deliver_within: Duration::from_millis(c.replication_deliver_within_ms),
                 timeout: Duration::from_millis(c.replication_timeout_ms),
+                sites: false,
             },
             client.clone(),
             gate.clone(),
             stats.clone(),
             id,
         );
+        let sites_out = sites_replicator(&resolved, &client, &gate, &stats, id);
         Rc::new(Shard {
             id,
             shards,
@@ -118,6 +122,7 @@ impl Shard {
             mesh,
             client,
             replicator,
+            sites_out,
             gate,
             pop: PopState::default(),
             view: View::new(&resolved.cluster),
@@ -159,6 +164,12 @@ impl Shard {
     pub fn has_peers(&self) -> bool {
         let cluster = self.cluster();
         cluster.nodes.len() + cluster.leaving.len() > 1
+    }
+
+    /// Whether stale messages can come from elsewhere (other nodes, or
+    /// other sites), so that deletes and final pops leave tombstones.
+    pub fn keeps_tombstones(&self) -> bool {
+        self.has_peers() || self.resolved.sites.replicating()
     }
 
     fn next_version(&self) -> u64 {
@@ -212,6 +223,38 @@ impl Shard {
         }
         merged.into_iter().collect()
     }
+}
+
+/// A shard's replicator to the remote sites (GR): a queue per site, with
+/// the sites' own timeout.
+fn sites_replicator(
+    resolved: &Resolved,
+    client: &Rc<Client>,
+    gate: &Rc<Gate>,
+    stats: &Arc<[ShardStats]>,
+    id: usize,
+) -> Replicator {
+    let c = &resolved.config.cluster;
+    let site_peers: Vec<(String, std::net::SocketAddr)> = resolved
+        .sites
+        .remote
+        .iter()
+        .map(|r| (r.address.clone(), r.socket))
+        .collect();
+    Replicator::new(
+        &site_peers,
+        ReplicatorConfig {
+            queue_max: c.replication_queue_max,
+            queue_bytes_max: c.replication_queue_bytes_max,
+            deliver_within: Duration::from_millis(c.replication_deliver_within_ms),
+            timeout: Duration::from_millis(resolved.config.sites.site_timeout_ms),
+            sites: true,
+        },
+        client.clone(),
+        gate.clone(),
+        stats.clone(),
+        id,
+    )
 }
 
 /// Every node's `(address, socket)` in the cluster's peer order: the

@@ -5,6 +5,7 @@
 use super::mesh::{MeshMsg, Reply};
 use super::view::Placement;
 use super::{conflict, Shard};
+use crate::cluster::sites::{Sites, SITES_NONE};
 use crate::cluster::{address_bloom, NODES_MAX};
 use crate::runtime::clock;
 use crate::stats::ShardStats;
@@ -64,6 +65,8 @@ impl Shard {
             replica_index: pl.my_index.unwrap_or(0),
             replication_factor: pl.count as u8,
             factor_requested,
+            site_index: 0,
+            sites: self.resolved.sites.own_list(),
         }
     }
 
@@ -125,7 +128,9 @@ impl Shard {
             view: self.view(),
             replica_index: 0,
             replication_factor: 1,
-            factor_requested: 1,
+            factor_requested: self.resolved.config.timers.default_replication_factor,
+            site_index: 0,
+            sites: self.resolved.sites.own_list(),
         };
         // The nodes the ID names, and the timer's replicas under the
         // current view: during a rescale a resync may already have placed
@@ -146,6 +151,7 @@ impl Shard {
             }
             self.send_replication(&cluster, &head, ("", ""), &[], &names[..n], targets);
         }
+        self.send_to_sites(&head, ("", ""), &[]);
         self.route_apply(head, None, true).await
     }
 
@@ -160,6 +166,45 @@ impl Shard {
         ShardStats::add(&self.my_stats().replication_received, 1);
         let local = (is_replica && !spec.is_tombstone()).then_some(spec);
         self.route_apply(head, local, false).await?;
+        Ok(head.id)
+    }
+
+    /// A `PUT` from another site (GR: the body names `sites` but not
+    /// `replicas`): this site places the timer among its own nodes under
+    /// its current view, replicates it to them, and keeps it if this node
+    /// is one of them. Never sent on to another site. Deletes and pops
+    /// arrive the same way; the conflict rules sort them out.
+    pub async fn site_update(&self, id: TimerId, spec: TimerSpec<'_>) -> Result<TimerId, OpError> {
+        let default = self.resolved.config.timers.default_replication_factor;
+        let factor = spec.replication_factor.unwrap_or(default).max(1);
+        // A tombstone names no factor worth trusting: reach every replica
+        // the default factor would have.
+        let factor = if spec.is_tombstone() {
+            factor.max(default)
+        } else {
+            factor
+        };
+        let pl = self.placement(id.unique, factor as usize);
+        let (mut head, _) = self.replica_head(id, &spec);
+        head.id.bloom = pl.bloom;
+        head.view = self.view();
+        head.replica_index = pl.my_index.unwrap_or(0);
+        head.replication_factor = pl.count as u8;
+        head.factor_requested = factor;
+        ShardStats::add(&self.my_stats().site_received, 1);
+        let mut targets = pl.mask();
+        if spec.is_tombstone() {
+            targets |= self.cluster().bloom_matches(id.bloom);
+        }
+        let cluster = self.cluster();
+        let (names, n) = pl.names(&cluster);
+        let tags: Vec<(&str, u32)> = spec.tags.iter().map(|(t, c)| (t.as_ref(), *c)).collect();
+        let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
+        let targets = self.without_me(targets);
+        self.send_replication(&cluster, &head, callback, &tags, &names[..n], targets);
+        if pl.my_index.is_some() {
+            self.route_apply(head, Some(spec), false).await?;
+        }
         Ok(head.id)
     }
 
@@ -195,7 +240,7 @@ impl Shard {
             None => self.view(),
             Some(text) => text.parse::<u64>().map(view_fingerprint).unwrap_or(0),
         };
-        let head = TimerHead {
+        let mut head = TimerHead {
             id: TimerId {
                 unique: id.unique,
                 bloom,
@@ -211,7 +256,14 @@ impl Shard {
             factor_requested: spec
                 .replication_factor
                 .unwrap_or(r.replicas.len().min(u8::MAX as usize) as u8),
+            site_index: 0,
+            sites: SITES_NONE,
         };
+        let sites = &self.resolved.sites;
+        if !r.sites.is_empty() {
+            head.sites = sites.pack_names(r.sites.iter().map(|s| s.as_ref()));
+            head.site_index = Sites::local_position(head.sites).unwrap_or(r.sites.len() as u8);
+        }
         (head, my_index.is_some())
     }
 
@@ -336,7 +388,7 @@ impl Shard {
             store.insert(due, timer);
             return Some(due);
         }
-        if !self.has_peers() {
+        if !self.keeps_tombstones() {
             return None;
         }
         if !timer.is_tombstone() {

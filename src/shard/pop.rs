@@ -122,7 +122,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
         if timer.has_next_pop() {
             let next = timer.next_pop_ms(skew);
             shard.store.borrow_mut().insert(next, timer);
-        } else if shard.has_peers() {
+        } else if shard.keeps_tombstones() {
             // The final pop: keep a tombstone one more interval, so a stale
             // message cannot bring the timer back.
             let tomb = timer.to_tombstone();
@@ -153,7 +153,10 @@ fn dispatch(shard: &Rc<Shard>, timer: &Timer) {
     let sequence = timer.sequence + 1;
     let (unique, version) = (timer.unique, timer.version);
     let later_replica = timer.replica_index as usize + 1 < timer.replication_factor as usize;
-    let wait = (later_replica && shard.has_peers())
+    let sites = &shard.resolved.sites;
+    let later_site =
+        sites.replicating() && sites.names(timer.sites).len() > timer.site_index as usize + 1;
+    let wait = ((later_replica && shard.has_peers()) || later_site)
         .then(|| Duration::from_millis(timers.callback_wait_ms));
     let (data, uri_at, uri_len) = timer.callback_data();
     glommio::spawn_local(async move {

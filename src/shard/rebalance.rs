@@ -495,6 +495,11 @@ impl Shard {
             "joining": names(&c.nodes[members..]),
             "leaving": names(&c.leaving),
             "instance-id": self.store.borrow().ids.instance(),
+            "sites": {
+                "local_site": self.resolved.sites.local,
+                "remote_site": self.resolved.sites.remote.iter().map(|r| format!("{}={}", r.name, r.address)).collect::<Vec<_>>(),
+                "replicate_timers_across_sites": self.resolved.sites.across,
+            },
             "resync": {
                 "state": stats::RESYNC_STATES[state],
                 "started-runs": count(&s.resync_runs),

@@ -6,6 +6,7 @@
 use super::view::Placement;
 use super::Shard;
 use crate::cluster::replicate::Body;
+use crate::cluster::sites::{Sites, SITES_NONE};
 use crate::cluster::Cluster;
 use crate::runtime::clock;
 use crate::timer::spec::TAGS_MAX;
@@ -38,6 +39,7 @@ impl Shard {
             opaque: callback.1,
             view_id: cluster.view_id,
             replicas,
+            sites: &self.resolved.sites.names(head.sites),
             factor_requested: head.factor_requested,
             tags,
             start_time_unix_ms: None,
@@ -50,7 +52,43 @@ impl Shard {
         }
     }
 
-    /// Send the replication message for a client operation to `targets`.
+    /// Cross-site (GR): queue one incarnation for a node of each other
+    /// site in its list, as a body without `replicas` (that site places
+    /// it among its own nodes). Only for what this site originates (a
+    /// client operation, a pop), never for what another node or site sent.
+    pub(super) fn send_to_sites(
+        &self,
+        head: &TimerHead,
+        callback: (&str, &str),
+        tags: &[(&str, u32)],
+    ) {
+        let sites = &self.resolved.sites;
+        if !sites.replicating() || head.sites == SITES_NONE {
+            return;
+        }
+        let names = sites.names(head.sites);
+        let body = Body {
+            interval_ms: head.interval_ms,
+            repeat_for_ms: head.repeat_for_ms,
+            start_time_delta_ms: head.start_ms as i64 - clock::now_ms() as i64,
+            sequence: head.sequence,
+            version_us: head.version,
+            uri: callback.0,
+            opaque: callback.1,
+            view_id: self.cluster().view_id,
+            replicas: &[],
+            sites: &names,
+            factor_requested: head.factor_requested,
+            tags,
+            start_time_unix_ms: None,
+        };
+        for slot in Sites::remote_in(head.sites) {
+            self.sites_out.send(slot - 1, head.id, &body);
+        }
+    }
+
+    /// Send the replication message for a client operation to `targets`
+    /// and to the other sites.
     pub(super) fn replicate_spec(
         &self,
         head: &TimerHead,
@@ -58,9 +96,6 @@ impl Shard {
         pl: &Placement,
         targets: u64,
     ) {
-        if targets == 0 {
-            return;
-        }
         let cluster = self.cluster();
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];
@@ -69,14 +104,17 @@ impl Shard {
             *slot = (name.as_ref(), *count);
         }
         let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
-        self.send_replication(
-            &cluster,
-            head,
-            callback,
-            &tags[..tag_count],
-            &names[..n],
-            targets,
-        );
+        if targets != 0 {
+            self.send_replication(
+                &cluster,
+                head,
+                callback,
+                &tags[..tag_count],
+                &names[..n],
+                targets,
+            );
+        }
+        self.send_to_sites(head, callback, &tags[..tag_count]);
     }
 
     /// After a successful callback: tell the other replicas that pop
@@ -90,7 +128,7 @@ impl Shard {
     /// a tombstone if this node is no longer one of its replicas, re-skewed
     /// if its place in the list changed.
     pub fn replicate_pop(&self, unique: u64, version: u64, sequence: u32) {
-        if !self.has_peers() {
+        if !self.keeps_tombstones() {
             return;
         }
         let Some(pl) = self.send_pop(unique, version, sequence) else {
@@ -140,9 +178,6 @@ impl Shard {
         }
         let pl = self.placement(unique, t.factor_requested as usize);
         let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
-        if targets == 0 {
-            return Some(pl);
-        }
         let cluster = self.cluster();
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];
@@ -151,16 +186,21 @@ impl Shard {
             *slot = (store.tag_name(index), count);
             tag_count += 1;
         }
-        let head = t.head();
+        let mut head = t.head();
         let callback = (t.uri(), t.opaque());
-        self.send_replication(
-            &cluster,
-            &head,
-            callback,
-            &tags[..tag_count],
-            &names[..n],
-            targets,
-        );
+        if targets != 0 {
+            self.send_replication(
+                &cluster,
+                &head,
+                callback,
+                &tags[..tag_count],
+                &names[..n],
+                targets,
+            );
+        }
+        // Other sites: sites no longer known dropped, new ones appended.
+        head.sites = self.resolved.sites.refreshed(head.sites);
+        self.send_to_sites(&head, callback, &tags[..tag_count]);
         Some(pl)
     }
 }

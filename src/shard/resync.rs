@@ -345,6 +345,7 @@ impl Shard {
             *slot = (store.tag_name(index), count);
             tag_count += 1;
         }
+        let sites = self.resolved.sites.names(t.sites);
         let (now_ms, now_unix) = (clock::now_ms() as i64, clock::unix_ms() as i64);
         let delta_ms = t.start_ms as i64 - now_ms;
         let body = Body {
@@ -357,6 +358,7 @@ impl Shard {
             opaque: t.opaque(),
             view_id: cluster.view_id,
             replicas: &new,
+            sites: &sites,
             factor_requested: t.factor_requested,
             tags: &tags[..tag_count],
             start_time_unix_ms: Some((now_unix + delta_ms).max(0) as u64),

@@ -356,6 +356,8 @@ mod tests {
             replica_index: 0,
             replication_factor: 1,
             factor_requested: 1,
+            site_index: 0,
+            sites: u32::MAX,
         }
     }
 

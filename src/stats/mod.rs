@@ -8,6 +8,11 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 /// Upper bounds (ms) of the callback latency histogram buckets.
 pub const LATENCY_BUCKETS_MS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000];
 
+/// Remote site slots counted per shard (at least `cluster::sites::SITES_MAX - 1`).
+pub const SITE_SLOTS: usize = 8;
+/// What `ShardStats::site_counts` counts, by index.
+pub const SITE_COUNTS: [&str; 5] = ["enqueued", "sent", "failed", "dropped", "retried"];
+
 /// `ShardStats::resync_state` values, by index.
 pub const RESYNC_STATES: [&str; 4] = ["idle", "running", "complete", "failed"];
 pub const RESYNC_IDLE: i64 = 0;
@@ -51,6 +56,10 @@ macro_rules! counters {
             pub resync_peers_left: AtomicI64,
             /// Informational timers held.
             pub informational: AtomicI64,
+            /// Cross-site (GR) replication per remote site slot: queued now,
+            /// and messages enqueued, sent, failed, dropped, retried.
+            pub site_queued: [AtomicI64; SITE_SLOTS],
+            pub site_counts: [[AtomicU64; SITE_SLOTS]; SITE_COUNTS.len()],
             /// Queue input messages rejected (skipped), by [`REJECT_REASONS`].
             pub queue_rejected: [AtomicU64; REJECT_REASONS.len()],
             /// Callback latency histogram (cumulative buckets are built at render).
@@ -92,6 +101,7 @@ counters! {
     replication_received: "Replication messages applied from other nodes.",
     replication_stale: "Replication messages ignored by the conflict rules (an older version).",
     tombstones_expired: "Tombstones that lived out their interval.",
+    site_received: "Timers, pops and deletes received from other sites (GR).",
     resync_runs: "Resynchronisations started (SIGUSR1, chronos resync, POST /resync, start-up).",
     resync_received: "Resync: timers received in GET pages from other nodes.",
     resync_added: "Resync: received timers stored here (this node moved down or stayed in the replica list).",
@@ -186,7 +196,34 @@ fn resync_gauges(out: &mut String, shards: &[ShardStats]) {
     let _ = writeln!(out, "# HELP chronos_informational_timers Old-view timer copies kept outside the wheel for a resync.\n# TYPE chronos_informational_timers gauge\nchronos_informational_timers {info}");
 }
 
-pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
+/// Per remote site (`sites[k]` is slot `k`'s name): cross-site messages by
+/// outcome, and the queue depth now.
+fn site_metrics(out: &mut String, shards: &[ShardStats], sites: &[String]) {
+    assert!(sites.len() <= SITE_SLOTS, "a slot per site");
+    if sites.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP chronos_site_replication_total Cross-site (GR) replication messages per remote site and outcome.\n# TYPE chronos_site_replication_total counter");
+    for (k, site) in sites.iter().enumerate() {
+        for (c, what) in SITE_COUNTS.iter().enumerate() {
+            let v: u64 = shards
+                .iter()
+                .map(|s| s.site_counts[c][k].load(Relaxed))
+                .sum();
+            let _ = writeln!(
+                out,
+                "chronos_site_replication_total{{site=\"{site}\",outcome=\"{what}\"}} {v}"
+            );
+        }
+    }
+    let _ = writeln!(out, "# HELP chronos_site_queue Cross-site messages waiting per remote site.\n# TYPE chronos_site_queue gauge");
+    for (k, site) in sites.iter().enumerate() {
+        let v: i64 = shards.iter().map(|s| s.site_queued[k].load(Relaxed)).sum();
+        let _ = writeln!(out, "chronos_site_queue{{site=\"{site}\"}} {v}");
+    }
+}
+
+pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], out: &mut String) {
     let mut sums = vec![0u64; COUNTER_HELP.len()];
     for s in shards {
         for (sum, v) in sums.iter_mut().zip(counter_values(s)) {
@@ -202,6 +239,7 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], out: &mut String) {
     let tombstones: i64 = shards.iter().map(|s| s.tombstones.load(Relaxed)).sum();
     let _ = writeln!(out, "# HELP chronos_tombstones Tombstones held (deleted or finished timers kept one more interval).\n# TYPE chronos_tombstones gauge\nchronos_tombstones {tombstones}");
     resync_gauges(out, shards);
+    site_metrics(out, shards, sites);
     let open: i64 = shards
         .iter()
         .map(|s| s.connections_open.load(Relaxed))

@@ -39,6 +39,10 @@ pub struct TimerHead {
     /// The factor the client asked for (seed 000: it never changes), so a
     /// timer gains replicas when the cluster grows. Placement follows it.
     pub factor_requested: u8,
+    /// This node's site's place in the timer's site list (GR; 0 without).
+    pub site_index: u8,
+    /// The timer's site list, packed (`cluster::sites`; `u32::MAX`: none).
+    pub sites: u32,
 }
 
 /// `Timer::informed` when no new replica is known to have the timer.
@@ -69,6 +73,8 @@ pub struct Timer {
     pub replica_index: u8,
     pub replication_factor: u8,
     pub factor_requested: u8,
+    pub site_index: u8,
+    pub sites: u32,
     /// Resync (seed 003): the lowest index in the timer's new replica list
     /// known to have it (`INFORMED_NONE`: none); every index above it knows
     /// it too. Only meaningful on a copy held under an older view.
@@ -114,6 +120,8 @@ impl Timer {
             replica_index: head.replica_index,
             replication_factor: head.replication_factor,
             factor_requested: head.factor_requested,
+            site_index: head.site_index,
+            sites: head.sites,
             informed: INFORMED_NONE,
             tag_count: tags.len() as u8,
             data,
@@ -132,6 +140,8 @@ impl Timer {
             replica_index: self.replica_index,
             replication_factor: self.replication_factor,
             factor_requested: self.factor_requested,
+            site_index: self.site_index,
+            sites: self.sites,
         }
     }
 
@@ -204,11 +214,14 @@ impl Timer {
         (self.sequence as u64 + 1) * self.interval_ms as u64 <= self.repeat_for_ms as u64
     }
 
-    /// When pop number `sequence + 1` is due on this replica.
+    /// When pop number `sequence + 1` is due on this replica: each replica
+    /// one skew after the one before it, and each site (GR) a whole
+    /// replica list of skews after the one before it.
     pub fn next_pop_ms(&self, replica_skew_ms: u64) -> u64 {
+        let site_skew_ms = self.site_index as u64 * self.factor_requested.max(1) as u64;
         self.start_ms
             + (self.sequence as u64 + 1) * self.interval_ms as u64
-            + self.replica_index as u64 * replica_skew_ms
+            + (self.replica_index as u64 + site_skew_ms) * replica_skew_ms
     }
 }
 
@@ -234,6 +247,8 @@ mod tests {
             replica_index,
             replication_factor: 2,
             factor_requested: 2,
+            site_index: 0,
+            sites: u32::MAX,
         }
     }
 

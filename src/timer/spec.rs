@@ -14,6 +14,8 @@ pub const URI_BYTES_MAX: usize = 8 * 1024;
 pub const TAGS_MAX: usize = 32;
 /// Replicas named in a replication body.
 pub const REPLICAS_MAX: usize = super::NODES_MAX;
+/// Sites named in a replication body.
+pub const SITES_MAX: usize = 16;
 
 /// A validated timer definition, public or internal (replication) form.
 #[derive(Debug, PartialEq)]
@@ -25,8 +27,9 @@ pub struct TimerSpec<'a> {
     pub opaque: Cow<'a, str>,
     pub replication_factor: Option<u8>,
     pub tags: Vec<(Cow<'a, str>, u32)>,
-    /// Present when the body carries `reliability.replicas`: a message from
-    /// another node, applied locally and never forwarded again.
+    /// Present when the body carries `reliability.replicas` (a message from
+    /// a node of this site, applied locally and never forwarded again) or
+    /// only `reliability.sites` (from another site: this site places it).
     pub replication: Option<Replication<'a>>,
 }
 
@@ -271,7 +274,7 @@ fn parse_replication<'a>(
     reliability: Option<&RawReliability<'a>>,
 ) -> Result<Option<Replication<'a>>, String> {
     let Some(RawReliability {
-        replicas: Some(replicas),
+        replicas,
         cluster_view_id,
         sites,
         ..
@@ -279,9 +282,22 @@ fn parse_replication<'a>(
     else {
         return Ok(None);
     };
-    if replicas.is_empty() || replicas.len() > REPLICAS_MAX {
+    // A body from another site (GR) names `sites` but no `replicas`: the
+    // receiving site places it among its own nodes.
+    let none = Vec::new();
+    let replicas = match (replicas, sites) {
+        (Some(r), _) => r,
+        (None, Some(s)) if !s.is_empty() => &none,
+        (None, _) => return Ok(None),
+    };
+    if (replicas.is_empty() && sites.is_none()) || replicas.len() > REPLICAS_MAX {
         return Err(format!(
             "reliability.replicas must list 1 to {REPLICAS_MAX} nodes"
+        ));
+    }
+    if sites.as_ref().is_some_and(|s| s.len() > SITES_MAX) {
+        return Err(format!(
+            "reliability.sites lists more than {SITES_MAX} sites"
         ));
     }
     Ok(Some(Replication {

@@ -1,0 +1,226 @@
+//! Geographic redundancy (seed 002's GR replicator): the sites a node
+//! knows, and a timer's site list.
+//!
+//! A timer's `sites` list is the site that took the client request first,
+//! then the remote sites it knew. Site `s` (its place in the list) pops
+//! `s × replication factor × replica-skew` later than the first, so in a
+//! healthy system only the first site pops. A timer keeps its list as
+//! indices into this node's site table (`0`: the local site, `1..`: the
+//! remote sites in configuration order), four bits each: names this node
+//! does not know are dropped, which is what the reference does to removed
+//! sites at the next pop.
+
+use std::net::{IpAddr, SocketAddr};
+
+/// Sites a node knows, the local one included (four bits per site in a
+/// timer's packed list, and `SITES_END` marks its end).
+pub const SITES_MAX: usize = 7;
+/// The end of a packed site list.
+const SITES_END: u32 = 0xF;
+/// A packed list naming no site (a timer of a node without `[sites]`).
+pub const SITES_NONE: u32 = u32::MAX;
+
+/// One remote site: where its nodes take cross-site requests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteSite {
+    pub name: String,
+    /// `host:port` as the requests' `Host` header names it.
+    pub address: String,
+    pub socket: SocketAddr,
+}
+
+/// The site table: `[sites]` resolved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sites {
+    pub local: String,
+    pub remote: Vec<RemoteSite>,
+    /// `replicate_timers_across_sites`: off, timers stay in their site.
+    pub across: bool,
+}
+
+impl Sites {
+    /// Resolve `[sites]`: `remote` entries are `name=ip:port` or `name=ip`
+    /// (then `default_port`). `Err` names the bad entry.
+    pub fn new(
+        local: &str,
+        remote: &[String],
+        across: bool,
+        default_port: u16,
+    ) -> Result<Sites, String> {
+        if local.is_empty() || local.contains(['=', ',']) {
+            return Err(format!(
+                "[sites] local_site {local:?} must be a non-empty name without '=' or ','"
+            ));
+        }
+        if remote.len() + 1 > SITES_MAX {
+            return Err(format!("[sites] at most {} remote sites", SITES_MAX - 1));
+        }
+        let mut sites = Sites {
+            local: local.to_string(),
+            remote: Vec::with_capacity(remote.len()),
+            across,
+        };
+        for entry in remote {
+            let site = parse_remote(entry, default_port)?;
+            if site.name == sites.local || sites.remote.iter().any(|r| r.name == site.name) {
+                return Err(format!("[sites] site {:?} is listed twice", site.name));
+            }
+            sites.remote.push(site);
+        }
+        Ok(sites)
+    }
+
+    /// Whether timers cross to other sites.
+    pub fn replicating(&self) -> bool {
+        self.across && !self.remote.is_empty()
+    }
+
+    /// The name of table entry `i` (`0`: the local site).
+    pub fn name(&self, i: usize) -> &str {
+        if i == 0 {
+            &self.local
+        } else {
+            &self.remote[i - 1].name
+        }
+    }
+
+    fn index_of(&self, name: &str) -> Option<usize> {
+        (0..=self.remote.len()).find(|&i| self.name(i) == name)
+    }
+
+    /// The list of a timer this node's client created: the local site,
+    /// then every remote site.
+    pub fn own_list(&self) -> u32 {
+        pack((0..=self.remote.len()).map(Some))
+    }
+
+    /// A list received from another node: the names this node knows, in
+    /// order (`SITES_NONE` when it names none).
+    pub fn pack_names<'a>(&self, names: impl Iterator<Item = &'a str>) -> u32 {
+        let mut any = false;
+        let list = pack(
+            names
+                .map(|n| self.index_of(n))
+                .inspect(|i| any |= i.is_some()),
+        );
+        if any {
+            list
+        } else {
+            SITES_NONE
+        }
+    }
+
+    /// The names of a packed list.
+    pub fn names(&self, list: u32) -> Vec<&str> {
+        unpack(list).map(|i| self.name(i)).collect()
+    }
+
+    /// The list after a successful pop (reference behaviour): sites no
+    /// longer known dropped (already, when packed), new ones appended.
+    pub fn refreshed(&self, list: u32) -> u32 {
+        if list == SITES_NONE {
+            return self.own_list();
+        }
+        let kept: Vec<usize> = unpack(list).collect();
+        let added = (0..=self.remote.len()).filter(|i| !kept.contains(i));
+        pack(kept.iter().copied().chain(added).map(Some))
+    }
+
+    /// This site's place in a packed list (`None`: not in it).
+    pub fn local_position(list: u32) -> Option<u8> {
+        unpack(list).position(|i| i == 0).map(|p| p as u8)
+    }
+
+    /// The remote sites of a packed list (table indices `1..`), in order.
+    pub fn remote_in(list: u32) -> impl Iterator<Item = usize> {
+        unpack(list).filter(|&i| i != 0)
+    }
+}
+
+fn pack(indices: impl Iterator<Item = Option<usize>>) -> u32 {
+    let mut list = 0u32;
+    let mut n = 0;
+    for i in indices.flatten().take(SITES_MAX) {
+        assert!(i < SITES_MAX, "a site table index");
+        list |= (i as u32) << (4 * n);
+        n += 1;
+    }
+    for k in n..8 {
+        list |= SITES_END << (4 * k);
+    }
+    list
+}
+
+fn unpack(list: u32) -> impl Iterator<Item = usize> {
+    (0..8)
+        .map(move |k| (list >> (4 * k)) & 0xF)
+        .take_while(move |v| *v != SITES_END && list != SITES_NONE)
+        .map(|v| v as usize)
+}
+
+fn parse_remote(entry: &str, default_port: u16) -> Result<RemoteSite, String> {
+    let bad = |why: &str| {
+        format!("[sites] remote_site {entry:?}: {why} (expected \"name=ip:port\" or \"name=ip\")")
+    };
+    let (name, addr) = entry.split_once('=').ok_or_else(|| bad("no '='"))?;
+    let (name, addr) = (name.trim(), addr.trim());
+    if name.is_empty() || name.contains(',') {
+        return Err(bad("an empty or bad name"));
+    }
+    let socket: SocketAddr = match addr.parse::<SocketAddr>() {
+        Ok(s) => s,
+        Err(_) => {
+            let ip: IpAddr = addr.parse().map_err(|_| bad("not an IP address"))?;
+            SocketAddr::new(ip, default_port)
+        }
+    };
+    Ok(RemoteSite {
+        name: name.to_string(),
+        address: socket.to_string(),
+        socket,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn three() -> Sites {
+        let remote = vec!["b=10.0.0.2:7253".to_string(), "c = 10.0.0.3".to_string()];
+        Sites::new("a", &remote, true, 9000).unwrap()
+    }
+
+    #[test]
+    fn parses_entries_and_takes_the_local_port() {
+        let s = three();
+        assert_eq!(s.remote[0].address, "10.0.0.2:7253");
+        assert_eq!(s.remote[1].address, "10.0.0.3:9000");
+        for bad in ["nameless", "=1.2.3.4", "x=host.example", "x=1.2.3.4:99999"] {
+            assert!(
+                Sites::new("a", &[bad.to_string()], true, 1).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(
+            Sites::new("a", &["a=1.2.3.4".to_string()], true, 1).is_err(),
+            "local twice"
+        );
+    }
+
+    #[test]
+    fn lists_pack_refresh_and_place() {
+        let s = three();
+        let own = s.own_list();
+        assert_eq!(s.names(own), vec!["a", "b", "c"]);
+        assert_eq!(Sites::local_position(own), Some(0));
+        // Created at site c, which knew a and an unknown site d.
+        let theirs = s.pack_names(["c", "d", "a"].into_iter());
+        assert_eq!(s.names(theirs), vec!["c", "a"]);
+        assert_eq!(Sites::local_position(theirs), Some(1));
+        // After a pop: known order kept, the missing site b appended.
+        assert_eq!(s.names(s.refreshed(theirs)), vec!["c", "a", "b"]);
+        assert_eq!(Sites::remote_in(theirs).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(s.pack_names(["x"].into_iter()), SITES_NONE);
+        assert_eq!(s.names(SITES_NONE), Vec::<&str>::new());
+    }
+}
