@@ -253,6 +253,9 @@ pub struct SitesConfig {
     pub replicate_timers_across_sites: bool,
     /// A cross-site batch must be answered within this.
     pub site_timeout_ms: u64,
+    /// A cross-site message is retried while its site is unreachable, up
+    /// to this long after it was queued (then given up, counted).
+    pub site_deliver_within_ms: u64,
 }
 
 impl Default for SitesConfig {
@@ -262,6 +265,7 @@ impl Default for SitesConfig {
             remote_site: Vec::new(),
             replicate_timers_across_sites: false,
             site_timeout_ms: 5000,
+            site_deliver_within_ms: 300_000,
         }
     }
 }
@@ -402,8 +406,8 @@ impl Config {
             st.replicate_timers_across_sites,
             self.http.bind_port,
         )?;
-        if st.site_timeout_ms == 0 {
-            return Err("[sites] site_timeout_ms must be positive".into());
+        if st.site_timeout_ms == 0 || st.site_deliver_within_ms < st.site_timeout_ms {
+            return Err("[sites] site_timeout_ms must be positive and site_deliver_within_ms at least as long".into());
         }
         assert!(shards >= 1 && shards <= available_cores);
         Ok(Resolved {

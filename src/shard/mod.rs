@@ -246,7 +246,7 @@ fn sites_replicator(
         ReplicatorConfig {
             queue_max: c.replication_queue_max,
             queue_bytes_max: c.replication_queue_bytes_max,
-            deliver_within: Duration::from_millis(c.replication_deliver_within_ms),
+            deliver_within: Duration::from_millis(resolved.config.sites.site_deliver_within_ms),
             timeout: Duration::from_millis(resolved.config.sites.site_timeout_ms),
             sites: true,
         },

@@ -281,7 +281,12 @@ impl Shard {
             t.interval_ms as u64
         };
         let c = &self.resolved.config.cluster;
-        let late_ms_max = c.replication_deliver_within_ms + c.replication_timeout_ms;
+        let mut late_ms_max = c.replication_deliver_within_ms + c.replication_timeout_ms;
+        if self.resolved.sites.replicating() {
+            // Another site's create can be retried this long behind a delete.
+            let st = &self.resolved.config.sites;
+            late_ms_max = late_ms_max.max(st.site_deliver_within_ms + st.site_timeout_ms);
+        }
         (interval + self.skew_ms() * t.replication_factor.max(1) as u64).max(late_ms_max)
     }
 
