@@ -134,6 +134,44 @@ pub struct ClusterConfig {
     /// Resync from the other nodes at start-up (a restarted node takes
     /// back the replicas it holds).
     pub resync_at_start: bool,
+    /// When set, every internal request (replication, resync, cross-site)
+    /// carries it as `Authorization: Bearer <secret>`, and one without it
+    /// gets `403`. Never logged.
+    pub shared_secret: Option<Secret>,
+}
+
+/// A secret that never shows in `Debug` output (logs).
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(text: &str) -> Secret {
+        Secret(text.to_string())
+    }
+
+    /// The `Authorization` header value that carries it.
+    pub fn bearer(&self) -> String {
+        format!("Bearer {}", self.0)
+    }
+
+    /// Whether `header` is exactly `Bearer <secret>`, compared in constant
+    /// time (for a given secret length).
+    pub fn admits(&self, header: Option<&[u8]>) -> bool {
+        let want = self.bearer();
+        let got = header.unwrap_or(b"");
+        let mut diff = want.len() ^ got.len();
+        for (i, w) in want.bytes().enumerate() {
+            diff |= (w ^ got.get(i).copied().unwrap_or(0)) as usize;
+        }
+        diff == 0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 impl Default for ClusterConfig {
@@ -151,6 +189,7 @@ impl Default for ClusterConfig {
             resync_timeout_ms: 10_000,
             resync_peer_retry_ms: 30_000,
             resync_at_start: true,
+            shared_secret: None,
         }
     }
 }
@@ -479,6 +518,11 @@ impl Config {
             ));
         }
         let c = &self.cluster;
+        if c.shared_secret.as_ref().is_some_and(|s| {
+            !(16..=128).contains(&s.0.len()) || !s.0.bytes().all(|b| b.is_ascii_graphic())
+        }) {
+            return Err("[cluster] shared-secret must be 16 to 128 printable ASCII characters without spaces".into());
+        }
         if !(1..=10_000).contains(&c.resync_page_timers) || c.resync_timeout_ms == 0 {
             return Err(
                 "[cluster] resync-page-timers must be 1 to 10000 and resync-timeout-ms positive"

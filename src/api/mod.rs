@@ -61,6 +61,7 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             Method::Post => resync(shard, req, out, close).await,
             _ => not_allowed(out, "POST", close),
         },
+        "/timers/references" if !internal_allowed(shard, req) => forbidden(shard, out, close),
         "/timers/references" => match req.method {
             Method::Delete => match shard.resync_references(req.body).await {
                 Ok(_) => {
@@ -139,6 +140,7 @@ async fn timers(shard: &Rc<Shard>, req: &Request<'_>, out: &mut Vec<u8>, close: 
             Ok(s) => timer_result(out, shard.create(&s), close),
             Err(reason) => error(out, 400, &reason, close),
         },
+        Method::Get if !internal_allowed(shard, req) => forbidden(shard, out, close),
         Method::Get => match shard.resync_query(req.query, req.range) {
             Ok(q) => {
                 let (status, count, body) = shard.resync_get(q).await;
@@ -176,6 +178,9 @@ async fn timer(
     };
     match req.method {
         Method::Put => match spec::parse(req.body, uri::check) {
+            Ok(s) if s.replication.is_some() && !internal_allowed(shard, req) => {
+                forbidden(shard, out, close)
+            }
             Ok(s)
                 if s.replication
                     .as_ref()
@@ -200,6 +205,26 @@ async fn timer(
         },
         _ => not_allowed(out, "PUT, DELETE", close),
     }
+}
+
+/// Whether an internal request (replication, cross-site, resync) may
+/// proceed: always without `[cluster] shared-secret`, else only with it.
+fn internal_allowed(shard: &Shard, req: &Request<'_>) -> bool {
+    match &shard.resolved.config.cluster.shared_secret {
+        None => true,
+        Some(secret) => secret.admits(req.authorization),
+    }
+}
+
+/// `403` for an internal request without the shared secret; counted.
+fn forbidden(shard: &Shard, out: &mut Vec<u8>, close: bool) -> u16 {
+    crate::stats::ShardStats::add(&shard.my_stats().internal_refused, 1);
+    error(
+        out,
+        403,
+        "internal API: missing or wrong shared secret (Authorization: Bearer ...)",
+        close,
+    )
 }
 
 fn ready(api: &Api, method: Method, out: &mut Vec<u8>, close: bool) -> u16 {

@@ -68,6 +68,9 @@ pub struct ReplicatorConfig {
     /// Peers are remote sites (GR): count per site slot
     /// (`ShardStats::site_counts`), not as replication within the site.
     pub sites: bool,
+    /// The `Authorization` header value every request carries (the
+    /// cluster's shared secret), if any.
+    pub authorization: Option<&'static str>,
 }
 
 /// What a replicator counts.
@@ -369,7 +372,8 @@ impl Replicator {
         scratch.clear();
         encode_body(&mut scratch, body);
         // The body plus at most this much head.
-        let bytes = scratch.len() + REQUEST_HEAD_BYTES_MAX;
+        let auth = self.config.authorization;
+        let bytes = scratch.len() + REQUEST_HEAD_BYTES_MAX + auth.map_or(0, |a| a.len() + 17);
         if p.queued_bytes.get() + bytes > self.config.queue_bytes_max {
             count(self.stats(), Some(p), Count::Dropped, 1);
             return;
@@ -399,10 +403,14 @@ impl Replicator {
         out.extend_from_slice(&id.to_hex());
         let _ = write!(
             out,
-            " HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            " HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
             p.address,
             scratch.len()
         );
+        if let Some(value) = auth {
+            let _ = write!(out, "Authorization: {value}\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
         out.extend_from_slice(&scratch);
         assert!(out.len() - before <= bytes, "the head fits its allowance");
         seg.ends.push(out.len() as u32);

@@ -54,6 +54,8 @@ pub struct Request<'b> {
     pub keep_alive: bool,
     /// The `Range` header, if any (resync paging).
     pub range: Option<&'b [u8]>,
+    /// The `Authorization` header, if any (the internal API's secret).
+    pub authorization: Option<&'b [u8]>,
 }
 
 /// A request that cannot be framed: answered, then the connection closes.
@@ -107,8 +109,13 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
         Ok(h) => h,
         Err(e) => return Parsed::Error(e),
     };
-    let (keep_alive, content_length, expect_continue, range) =
-        (h.keep_alive, h.content_length, h.expect_continue, h.range);
+    let (keep_alive, content_length, expect_continue, range, authorization) = (
+        h.keep_alive,
+        h.content_length,
+        h.expect_continue,
+        h.range,
+        h.authorization,
+    );
     let body_len = content_length.unwrap_or(0);
     if body_len > body_bytes_max {
         return err(413, "request body too large");
@@ -129,6 +136,7 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
             body: &buf[head_len..head_len + body_len],
             keep_alive,
             range,
+            authorization,
         },
         head_len + body_len,
     )
@@ -140,6 +148,7 @@ struct HeadFacts<'b> {
     content_length: Option<usize>,
     expect_continue: bool,
     range: Option<&'b [u8]>,
+    authorization: Option<&'b [u8]>,
 }
 
 fn read_headers<'b>(
@@ -152,6 +161,7 @@ fn read_headers<'b>(
         content_length: None,
         expect_continue: false,
         range: None,
+        authorization: None,
     };
     for header in headers {
         let (name, value) = (header.name, header.value);
@@ -187,6 +197,8 @@ fn read_headers<'b>(
             h.expect_continue = true;
         } else if name.eq_ignore_ascii_case("range") {
             h.range = Some(value);
+        } else if name.eq_ignore_ascii_case("authorization") {
+            h.authorization = Some(value);
         }
     }
     Ok(h)

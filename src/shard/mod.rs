@@ -107,6 +107,7 @@ impl Shard {
                 deliver_within: Duration::from_millis(c.replication_deliver_within_ms),
                 timeout: Duration::from_millis(c.replication_timeout_ms),
                 sites: false,
+                authorization: authorization(&resolved),
             },
             client.clone(),
             gate.clone(),
@@ -225,6 +226,14 @@ impl Shard {
     }
 }
 
+/// The `Authorization` value internal requests carry: made once per
+/// process and kept for its life (replicators hold it as `&'static`).
+pub fn authorization(resolved: &Resolved) -> Option<&'static str> {
+    static VALUE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let secret = resolved.config.cluster.shared_secret.as_ref();
+    VALUE.get_or_init(|| secret.map(|s| s.bearer())).as_deref()
+}
+
 /// A shard's replicator to the remote sites (GR): a queue per site, with
 /// the sites' own timeout.
 fn sites_replicator(
@@ -249,6 +258,7 @@ fn sites_replicator(
             deliver_within: Duration::from_millis(resolved.config.sites.site_deliver_within_ms),
             timeout: Duration::from_millis(resolved.config.sites.site_timeout_ms),
             sites: true,
+            authorization: authorization(resolved),
         },
         client.clone(),
         gate.clone(),

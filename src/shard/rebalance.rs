@@ -407,6 +407,11 @@ impl Run<'_> {
         let retry = Duration::from_millis(shard.resolved.config.cluster.resync_peer_retry_ms);
         let deadline = Instant::now() + retry;
         let host = node.socket.ip().to_string();
+        let mut all: Vec<(&str, &[u8])> = headers.to_vec();
+        if let Some(value) = super::authorization(&shard.resolved) {
+            all.push(("Authorization", value.as_bytes()));
+        }
+        let headers = &all[..];
         let mut backoff_ms = BACKOFF_MS_MIN;
         for attempt in 0u32.. {
             let answer = self

@@ -101,6 +101,7 @@ counters! {
     replication_received: "Replication messages applied from other nodes.",
     replication_stale: "Replication messages ignored by the conflict rules (an older version).",
     tombstones_expired: "Tombstones that lived out their interval.",
+    internal_refused: "Internal requests (replication, cross-site, resync) refused with 403 for a missing or wrong shared secret.",
     site_received: "Timers, pops and deletes received from other sites (GR).",
     resync_runs: "Resynchronisations started (SIGUSR1, chronos resync, POST /resync, start-up).",
     resync_received: "Resync: timers received in GET pages from other nodes.",
