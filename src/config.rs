@@ -35,6 +35,9 @@ pub struct HttpConfig {
     pub bind_port: u16,
     /// Open connections per shard; beyond it a new connection gets `503`.
     pub connections_max: usize,
+    /// Open connections per peer address and shard, so that one client
+    /// cannot take every slot; beyond it `503`.
+    pub connections_per_source_max: usize,
     /// Largest request line plus headers; beyond it `431`.
     pub header_bytes_max: usize,
     /// Largest request body; beyond it `413`.
@@ -83,6 +86,7 @@ impl Default for HttpConfig {
             bind_address: "127.0.0.1".into(),
             bind_port: 7253,
             connections_max: 8192,
+            connections_per_source_max: 2048,
             header_bytes_max: 16 * 1024,
             body_bytes_max: 256 * 1024,
             idle_timeout_ms: 300_000,
@@ -278,6 +282,35 @@ pub struct Config {
     pub log: LogConfig,
     pub queue: Option<QueueConfig>,
     pub sites: SitesConfig,
+    /// Present: client requests are admitted by the token bucket.
+    pub throttling: Option<ThrottlingConfig>,
+}
+
+/// `[throttling]`, with the reference's key names: the token bucket that
+/// admits client requests (`runtime::throttle`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThrottlingConfig {
+    /// The latency the bucket steers to, in µs (request latency and pop
+    /// lateness, smoothed).
+    pub target_latency: u64,
+    pub max_tokens: u64,
+    pub initial_token_rate: u64,
+    pub min_token_rate: u64,
+    /// 0: no maximum.
+    pub max_token_rate: u64,
+}
+
+impl Default for ThrottlingConfig {
+    fn default() -> Self {
+        ThrottlingConfig {
+            target_latency: 500_000,
+            max_tokens: 1000,
+            initial_token_rate: 500,
+            min_token_rate: 10,
+            max_token_rate: 0,
+        }
+    }
 }
 
 /// `[sites]`, with the reference's key names: geographic redundancy.
@@ -492,6 +525,9 @@ impl Config {
                     .into(),
             );
         }
+        if h.connections_per_source_max == 0 {
+            return Err("[http] connections-per-source-max must be positive".into());
+        }
         if h.connections_max == 0 || h.header_bytes_max < 512 || h.body_bytes_max == 0 {
             return Err("[http] connections-max and body-bytes-max must be positive, header-bytes-max at least 512".into());
         }
@@ -517,18 +553,7 @@ impl Config {
                 crate::wheel::ENTRIES_MAX
             ));
         }
-        let c = &self.cluster;
-        if c.shared_secret.as_ref().is_some_and(|s| {
-            !(16..=128).contains(&s.0.len()) || !s.0.bytes().all(|b| b.is_ascii_graphic())
-        }) {
-            return Err("[cluster] shared-secret must be 16 to 128 printable ASCII characters without spaces".into());
-        }
-        if !(1..=10_000).contains(&c.resync_page_timers) || c.resync_timeout_ms == 0 {
-            return Err(
-                "[cluster] resync-page-timers must be 1 to 10000 and resync-timeout-ms positive"
-                    .into(),
-            );
-        }
+        self.check_cluster_and_throttling()?;
         if self.cluster.replication_deliver_within_ms < self.cluster.replication_timeout_ms {
             return Err(
                 "[cluster] replication-deliver-within-ms must be at least replication-timeout-ms"
@@ -548,6 +573,28 @@ impl Config {
             Some(q) => q.check(),
             None => Ok(()),
         }
+    }
+
+    /// `[throttling]`, and `[cluster]`'s secret and resync keys.
+    fn check_cluster_and_throttling(&self) -> Result<(), String> {
+        let th = self.throttling.clone().unwrap_or_default();
+        let max_rate_ok = th.max_token_rate == 0 || th.max_token_rate >= th.min_token_rate;
+        if th.target_latency == 0 || th.max_tokens == 0 || th.min_token_rate == 0 || !max_rate_ok {
+            return Err("[throttling] target_latency, max_tokens and min_token_rate must be positive, max_token_rate 0 or at least min_token_rate".into());
+        }
+        let c = &self.cluster;
+        if c.shared_secret.as_ref().is_some_and(|s| {
+            !(16..=128).contains(&s.0.len()) || !s.0.bytes().all(|b| b.is_ascii_graphic())
+        }) {
+            return Err("[cluster] shared-secret must be 16 to 128 printable ASCII characters without spaces".into());
+        }
+        if !(1..=10_000).contains(&c.resync_page_timers) || c.resync_timeout_ms == 0 {
+            return Err(
+                "[cluster] resync-page-timers must be 1 to 10000 and resync-timeout-ms positive"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// The skew rule (tuning.md): in a cluster, a backup must not pop while

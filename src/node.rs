@@ -133,6 +133,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
     let http = &resolved.config.http;
     let limits = Limits {
         connections_max: http.connections_max,
+        connections_per_source_max: http.connections_per_source_max,
         header_bytes_max: http.header_bytes_max,
         body_bytes_max: http.body_bytes_max,
         idle_timeout_ms: http.idle_timeout_ms,

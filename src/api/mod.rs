@@ -20,6 +20,7 @@ use crate::shard::{OpError, Shard};
 use crate::timer::{spec, TimerId};
 use std::future::Future;
 use std::rc::Rc;
+use std::time::Instant;
 
 /// Readiness beyond the shards themselves (e.g. the delay queue's
 /// Postgres and broker): `Err` names what is not ready.
@@ -136,8 +137,14 @@ fn json(out: &mut Vec<u8>, status: u16, body: &str, close: bool) -> u16 {
 /// `/timers`: `POST` creates; `GET` is a resync page.
 async fn timers(shard: &Rc<Shard>, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
     match req.method {
+        Method::Post if !shard.admit_client() => overloaded(out, close),
         Method::Post => match spec::parse(req.body, uri::check) {
-            Ok(s) => timer_result(out, shard.create(&s), close),
+            Ok(s) => {
+                let started = Instant::now();
+                let result = shard.create(&s);
+                shard.record_latency(started.elapsed().as_micros() as u64);
+                timer_result(out, result, close)
+            }
             Err(reason) => error(out, 400, &reason, close),
         },
         Method::Get if !internal_allowed(shard, req) => forbidden(shard, out, close),
@@ -193,16 +200,25 @@ async fn timer(
                 let result = shard.replica_update(id, s).await;
                 timer_result(out, result, close)
             }
+            Ok(_) if !shard.admit_client() => overloaded(out, close),
             Ok(s) => {
+                let started = Instant::now();
                 let result = shard.client_update(id, s).await;
+                shard.record_latency(started.elapsed().as_micros() as u64);
                 timer_result(out, result, close)
             }
             Err(reason) => error(out, 400, &reason, close),
         },
-        Method::Delete => match shard.client_delete(id).await {
-            Ok(()) => text(out, 200, "", close),
-            Err(e) => error(out, e.status, &e.reason, close),
-        },
+        Method::Delete if !shard.admit_client() => overloaded(out, close),
+        Method::Delete => {
+            let started = Instant::now();
+            let result = shard.client_delete(id).await;
+            shard.record_latency(started.elapsed().as_micros() as u64);
+            match result {
+                Ok(()) => text(out, 200, "", close),
+                Err(e) => error(out, e.status, &e.reason, close),
+            }
+        }
         _ => not_allowed(out, "PUT, DELETE", close),
     }
 }
@@ -214,6 +230,13 @@ fn internal_allowed(shard: &Shard, req: &Request<'_>) -> bool {
         None => true,
         Some(secret) => secret.admits(req.authorization),
     }
+}
+
+/// `503` for a client request the token bucket refused.
+fn overloaded(out: &mut Vec<u8>, close: bool) -> u16 {
+    let reason = "overloaded: the request rate is above what this node admits now ([throttling]); retry later";
+    write_response(out, 503, &[("Retry-After", b"1")], reason.as_bytes(), close);
+    503
 }
 
 /// `403` for an internal request without the shared secret; counted.

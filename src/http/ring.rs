@@ -848,6 +848,11 @@ pub struct RingConn {
 }
 
 impl RingConn {
+    /// The peer's IP address (`getpeername`), if the socket still has one.
+    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        peer_ip_of(self.shared.fd)
+    }
+
     /// Read into `buf`: `Ok(0)` at end of stream (or idle timeout).
     pub fn read<'a>(
         &'a mut self,
@@ -914,6 +919,33 @@ impl Drop for RingConn {
         if let Some(ring) = self.ring.upgrade() {
             ring.kick(&self.shared);
         }
+    }
+}
+
+/// The IP address of a connected socket's peer.
+pub fn peer_ip_of(fd: RawFd) -> Option<std::net::IpAddr> {
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `storage` is large enough for any address and `len` says so.
+    let rc =
+        unsafe { libc::getpeername(fd, &mut storage as *mut _ as *mut libc::sockaddr, &mut len) };
+    if rc != 0 {
+        return None;
+    }
+    match storage.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says it is a `sockaddr_in`.
+            let a = unsafe { &*(&storage as *const _ as *const libc::sockaddr_in) };
+            Some(std::net::IpAddr::from(
+                u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
+            ))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says it is a `sockaddr_in6`.
+            let a = unsafe { &*(&storage as *const _ as *const libc::sockaddr_in6) };
+            Some(std::net::IpAddr::from(a.sin6_addr.s6_addr))
+        }
+        _ => None,
     }
 }
 

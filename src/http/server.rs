@@ -15,9 +15,11 @@ use crate::runtime::gate::Gate;
 use crate::stats::ShardStats;
 use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -46,6 +48,8 @@ pub trait Handler: 'static {
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub connections_max: usize,
+    /// Open connections per peer address on this shard.
+    pub connections_per_source_max: usize,
     pub header_bytes_max: usize,
     pub body_bytes_max: usize,
     pub idle_timeout_ms: u64,
@@ -68,6 +72,9 @@ pub struct Server<H: Handler> {
     /// Requests being handled right now (shutdown waits for them).
     busy: Cell<usize>,
     connections: Cell<usize>,
+    /// Open connections per peer address (entries only for open ones, so
+    /// at most `connections_max`).
+    per_source: RefCell<HashMap<IpAddr, usize>>,
 }
 
 /// A connection as `serve` sees it.
@@ -76,11 +83,16 @@ pub trait Conn {
     fn read<'a>(&'a mut self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + 'a;
     /// Write all of `data`.
     fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a;
+    /// The peer's IP address, if known.
+    fn peer_ip(&self) -> Option<IpAddr>;
 }
 
 impl Conn for RingConn {
     fn read<'a>(&'a mut self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + 'a {
         RingConn::read(self, buf)
+    }
+    fn peer_ip(&self) -> Option<IpAddr> {
+        RingConn::peer_ip(self)
     }
     fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a {
         RingConn::write_all(self, data)
@@ -96,6 +108,9 @@ impl Conn for GlommioConn {
     }
     fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a {
         AsyncWriteExt::write_all(&mut self.0, data)
+    }
+    fn peer_ip(&self) -> Option<IpAddr> {
+        self.0.peer_addr().ok().map(|a| a.ip())
     }
 }
 
@@ -140,6 +155,7 @@ impl<H: Handler> Server<H> {
             shard,
             busy: Cell::new(0),
             connections: Cell::new(0),
+            per_source: RefCell::new(HashMap::new()),
         })
     }
 
@@ -183,10 +199,24 @@ impl<H: Handler> Server<H> {
     /// Beyond `connections-max`, answer `503` and close; otherwise count the
     /// connection and serve it on its own task.
     fn admit<C: Conn + 'static>(self: &Rc<Self>, conn: C) {
-        if self.connections.get() >= self.limits.connections_max {
+        let ip = conn.peer_ip();
+        let from_ip = ip.map_or(0, |ip| {
+            self.per_source.borrow().get(&ip).copied().unwrap_or(0)
+        });
+        if self.connections.get() >= self.limits.connections_max
+            || from_ip >= self.limits.connections_per_source_max
+        {
             ShardStats::add(&self.my_stats().connections_rejected, 1);
-            glommio::spawn_local(reject(conn)).detach();
+            let why = if from_ip >= self.limits.connections_per_source_max {
+                "too many connections from this address (connections-per-source-max)"
+            } else {
+                "too many connections: the limit (connections-max) is reached"
+            };
+            glommio::spawn_local(reject(conn, why)).detach();
             return;
+        }
+        if let Some(ip) = ip {
+            *self.per_source.borrow_mut().entry(ip).or_default() += 1;
         }
         self.connections.set(self.connections.get() + 1);
         self.my_stats()
@@ -195,6 +225,14 @@ impl<H: Handler> Server<H> {
         let server = self.clone();
         glommio::spawn_local(async move {
             server.serve(conn).await;
+            if let Some(ip) = ip {
+                let mut per = server.per_source.borrow_mut();
+                let n = per.get_mut(&ip).expect("counted at admission");
+                *n -= 1;
+                if *n == 0 {
+                    per.remove(&ip);
+                }
+            }
             assert!(server.connections.get() > 0);
             server.connections.set(server.connections.get() - 1);
             server
@@ -230,9 +268,9 @@ impl<H: Handler> Server<H> {
     }
 }
 
-async fn reject<C: Conn>(mut stream: C) {
+async fn reject<C: Conn>(mut stream: C, why: &str) {
     let mut out = Vec::new();
-    write_response(&mut out, 503, &[], b"too many connections", true);
+    write_response(&mut out, 503, &[], why.as_bytes(), true);
     let _ = stream.write_all(&out).await;
 }
 

@@ -22,6 +22,7 @@ pub mod clock;
 pub mod gate;
 pub mod mesh;
 pub mod notify;
+pub mod throttle;
 
 use gate::Gate;
 use glommio::channels::channel_mesh::{Full, MeshBuilder, Receivers};

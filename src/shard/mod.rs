@@ -45,12 +45,13 @@ use crate::http::client::{Client, ClientConfig};
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::runtime::mesh::Mesh;
+use crate::runtime::throttle::{Throttle, ThrottleConfig};
 use crate::stats::ShardStats;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use view::View;
 
 /// Everything one shard owns.
@@ -74,6 +75,8 @@ pub struct Shard {
     sessions: resync::Sessions,
     /// The requesting side's resync trigger (used on shard 0).
     pub rebalance: rebalance::Trigger,
+    /// Admission of client requests (`[throttling]`), `None` when off.
+    pub throttle: Option<Throttle>,
     /// The last version handed out (strictly increasing per shard).
     last_version_us: Cell<u64>,
 }
@@ -128,6 +131,7 @@ impl Shard {
             pop: PopState::default(),
             view: View::new(&resolved.cluster),
             sessions: resync::Sessions::default(),
+            throttle: throttle(&resolved),
             rebalance: rebalance::Trigger::default(),
             last_version_us: Cell::new(0),
             resolved,
@@ -223,6 +227,52 @@ impl Shard {
             }
         }
         merged.into_iter().collect()
+    }
+}
+
+/// A shard's token bucket (with `[throttling]`): the configured bucket
+/// split evenly between the shards (each admits the requests it takes).
+fn throttle(resolved: &Resolved) -> Option<Throttle> {
+    let t = resolved.config.throttling.as_ref()?;
+    let n = resolved.shards as f64;
+    let per = |v: u64| (v as f64 / n).max(1.0);
+    let max_rate = match t.max_token_rate {
+        0 => f64::INFINITY,
+        m => per(m),
+    };
+    let cfg = ThrottleConfig {
+        target_latency_us: t.target_latency,
+        max_tokens: per(t.max_tokens),
+        initial_rate: per(t.initial_token_rate),
+        min_rate: per(t.min_token_rate).min(max_rate),
+        max_rate,
+    };
+    Some(Throttle::new(cfg, Instant::now()))
+}
+
+impl Shard {
+    /// Admit a client request (`false`: refuse it with 503).
+    pub fn admit_client(&self) -> bool {
+        let Some(t) = &self.throttle else {
+            return true;
+        };
+        let admitted = t.admit(Instant::now());
+        let s = self.my_stats();
+        s.throttle_tokens
+            .store(t.tokens() as i64, Ordering::Relaxed);
+        s.throttle_rate.store(t.rate() as i64, Ordering::Relaxed);
+        if !admitted {
+            ShardStats::add(&s.throttled, 1);
+        }
+        admitted
+    }
+
+    /// A latency the bucket steers by: a client request's, or a pop's
+    /// lateness (what a timer service promises).
+    pub fn record_latency(&self, latency_us: u64) {
+        if let Some(t) = &self.throttle {
+            t.record(latency_us, Instant::now());
+        }
     }
 }
 

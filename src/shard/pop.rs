@@ -109,7 +109,7 @@ pub async fn pop_loop(shard: Rc<Shard>) {
 fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
     let stats = shard.my_stats();
     let skew = shard.resolved.config.timers.replica_skew_ms;
-    for (_, mut timer) in due.drain(..) {
+    for (due_ms, mut timer) in due.drain(..) {
         if timer.is_tombstone() {
             // Lived out its interval, and any informational copy with it.
             ShardStats::add(&stats.tombstones_expired, 1);
@@ -117,6 +117,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
             continue;
         }
         ShardStats::add(&stats.timers_popped, 1);
+        shard.record_latency(now.saturating_sub(due_ms) * 1000);
         dispatch(shard, &timer);
         timer.sequence += 1;
         if timer.has_next_pop() {

@@ -56,6 +56,9 @@ macro_rules! counters {
             pub resync_peers_left: AtomicI64,
             /// Informational timers held.
             pub informational: AtomicI64,
+            /// The token bucket's rate (tokens/s) and tokens now.
+            pub throttle_rate: AtomicI64,
+            pub throttle_tokens: AtomicI64,
             /// Cross-site (GR) replication per remote site slot: queued now,
             /// and messages enqueued, sent, failed, dropped, retried.
             pub site_queued: [AtomicI64; SITE_SLOTS],
@@ -101,6 +104,7 @@ counters! {
     replication_received: "Replication messages applied from other nodes.",
     replication_stale: "Replication messages ignored by the conflict rules (an older version).",
     tombstones_expired: "Tombstones that lived out their interval.",
+    throttled: "Client requests refused with 503 by the token bucket ([throttling]).",
     internal_refused: "Internal requests (replication, cross-site, resync) refused with 403 for a missing or wrong shared secret.",
     site_received: "Timers, pops and deletes received from other sites (GR).",
     resync_runs: "Resynchronisations started (SIGUSR1, chronos resync, POST /resync, start-up).",
@@ -224,6 +228,13 @@ fn site_metrics(out: &mut String, shards: &[ShardStats], sites: &[String]) {
     }
 }
 
+/// The token buckets' rate and tokens, summed over the shards.
+fn throttle_gauges(out: &mut String, shards: &[ShardStats]) {
+    let rate: i64 = shards.iter().map(|s| s.throttle_rate.load(Relaxed)).sum();
+    let tokens: i64 = shards.iter().map(|s| s.throttle_tokens.load(Relaxed)).sum();
+    let _ = writeln!(out, "# HELP chronos_throttle_rate Client requests per second the token buckets admit (all shards).\n# TYPE chronos_throttle_rate gauge\nchronos_throttle_rate {rate}\n# HELP chronos_throttle_tokens Tokens in the buckets now.\n# TYPE chronos_throttle_tokens gauge\nchronos_throttle_tokens {tokens}");
+}
+
 pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], out: &mut String) {
     let mut sums = vec![0u64; COUNTER_HELP.len()];
     for s in shards {
@@ -240,6 +251,7 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
     let tombstones: i64 = shards.iter().map(|s| s.tombstones.load(Relaxed)).sum();
     let _ = writeln!(out, "# HELP chronos_tombstones Tombstones held (deleted or finished timers kept one more interval).\n# TYPE chronos_tombstones gauge\nchronos_tombstones {tombstones}");
     resync_gauges(out, shards);
+    throttle_gauges(out, shards);
     site_metrics(out, shards, sites);
     let open: i64 = shards
         .iter()
