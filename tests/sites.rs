@@ -229,7 +229,7 @@ fn malformed_sites_are_refused_and_good_ones_reported() {
     std::fs::create_dir_all(&dir).unwrap();
     for bad in [
         "\"nameless\"",
-        "\"B=host.example\"",
+        "\"B=no-such-host.invalid\"",
         "\"B=1.2.3.4\", \"B=1.2.3.5\"",
     ] {
         let path = dir.join("bad.toml");

@@ -10,7 +10,7 @@
 //! does not know are dropped, which is what the reference does to removed
 //! sites at the next pop.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
 /// Sites a node knows, the local one included (four bits per site in a
 /// timer's packed list, and `SITES_END` marks its end).
@@ -167,16 +167,37 @@ fn parse_remote(entry: &str, default_port: u16) -> Result<RemoteSite, String> {
     if name.is_empty() || name.contains(',') {
         return Err(bad("an empty or bad name"));
     }
-    let socket: SocketAddr = match addr.parse::<SocketAddr>() {
-        Ok(s) => s,
-        Err(_) => {
-            let ip: IpAddr = addr.parse().map_err(|_| bad("not an IP address"))?;
-            SocketAddr::new(ip, default_port)
-        }
+    if let Ok(socket) = addr.parse::<SocketAddr>() {
+        return Ok(RemoteSite {
+            name: name.to_string(),
+            address: socket.to_string(),
+            socket,
+        });
+    }
+    if let Ok(ip) = addr.parse::<IpAddr>() {
+        let socket = SocketAddr::new(ip, default_port);
+        return Ok(RemoteSite {
+            name: name.to_string(),
+            address: socket.to_string(),
+            socket,
+        });
+    }
+    // A host name, with or without a port: resolved once, at start.
+    let (host, port) = match addr.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad("a bad port"))?),
+        None => (addr, default_port),
     };
+    if host.is_empty() || host.contains(['/', ' ', '[', ']']) {
+        return Err(bad("not an address"));
+    }
+    let socket = (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| bad("a host name that does not resolve"))?;
     Ok(RemoteSite {
         name: name.to_string(),
-        address: socket.to_string(),
+        address: format!("{host}:{port}"),
         socket,
     })
 }
@@ -195,7 +216,15 @@ mod tests {
         let s = three();
         assert_eq!(s.remote[0].address, "10.0.0.2:7253");
         assert_eq!(s.remote[1].address, "10.0.0.3:9000");
-        for bad in ["nameless", "=1.2.3.4", "x=host.example", "x=1.2.3.4:99999"] {
+        let named = Sites::new("a", &["b=localhost:7000".to_string()], true, 1).unwrap();
+        assert_eq!(named.remote[0].address, "localhost:7000");
+        assert_eq!(named.remote[0].socket.port(), 7000);
+        for bad in [
+            "nameless",
+            "=1.2.3.4",
+            "x=no-such-host.invalid",
+            "x=1.2.3.4:99999",
+        ] {
             assert!(
                 Sites::new("a", &[bad.to_string()], true, 1).is_err(),
                 "{bad}"
