@@ -16,38 +16,17 @@ cd "$(dirname "$0")/.."
 preload="${1:-1000000}"
 rate="${2:-2000}"
 count="${3:-60000}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/chronos-rel-target}"
-cargo build --release --locked --bin chronos --bin chronos-perf >/dev/null
-bin="$CARGO_TARGET_DIR/release"
-stamp="$(date -u +%Y-%m-%d)"
-work="$(mktemp -d)"
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+. perf/lib.sh
 a="127.0.0.1:$port"
 b="127.0.0.2:$port"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
 
 config() { # $1 = this node, $2 = joining list
   printf '[runtime]\ncores = 1\n[timers]\ntimers-per-shard-max = 4000000\n[cluster]\nlocalhost = "%s"\nnode = ["%s"]\njoining = [%s]\n%s\n' "$1" "$a" "$2" "${CLUSTER_EXTRA:-}"
 }
 
-start() { # $1 = address, $2 = config file, $3 = log, $4 = CPU
-  # A on CPU 0, B on CPU 1 (a shard pins to the first CPU of its
-  # affinity), as two machines would be; the harness floats.
-  taskset -c "$4" "$bin/chronos" --config "$2" --bind-address "${1%:*}" --bind-port "$port" 2>"$3" &
-  pids+=($!)
-  for _ in $(seq 1 200); do
-    curl -fs "http://$1/ping" >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  echo "chronos at $1 did not start"; cat "$3"; exit 1
-}
-
-
 for run in idle resync; do
   config "$a" "" >"$work/a.toml"
-  start "$a" "$work/a.toml" "$work/a-$run.log" 0
+  start_node 127.0.0.1 "$work/a.toml" "$work/a-$run.log" 0
   name="resync-$run-$(( preload / 1000 ))k-$stamp"
   "$bin/chronos-perf" http --target "$a" --preload "$preload" --count "$count" \
     --rate "$rate" --interval-ms 1000 --connections 16 --name "$name" >"$work/$name.out" 2>&1 &
@@ -58,7 +37,7 @@ for run in idle resync; do
   done
   if [ "$run" = resync ]; then
     config "$b" "\"$b\"" >"$work/b.toml"
-    start "$b" "$work/b.toml" "$work/b.log" 1
+    start_node 127.0.0.2 "$work/b.toml" "$work/b.log" 1
     config "$a" "\"$b\"" >"$work/a.toml"
     kill -HUP "${pids[-2]}"
     sleep 0.5
@@ -77,8 +56,7 @@ PY
   fi
   wait "$h" || { cat "$work/$name.out"; exit 1; }
   tail -n 12 "$work/$name.out"
-  cleanup
-  pids=()
+  stop_nodes
   sleep 1
 done
 python3 - "$stamp" "$(( preload / 1000 ))" <<'PY'

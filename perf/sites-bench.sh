@@ -8,15 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
 count="${2:-40000}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/chronos-rel-target}"
-cargo build --release --locked --bin chronos --bin chronos-perf >/dev/null
-bin="$CARGO_TARGET_DIR/release"
-stamp="$(date -u +%Y-%m-%d)"
-work="$(mktemp -d)"
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; pids=(); }
-trap cleanup EXIT
+. perf/lib.sh
 
 node() { # $1 = ip, $2 = site name, $3 = remote entry or "", $4 = CPU
   local cfg="$work/$1.toml"
@@ -24,13 +16,7 @@ node() { # $1 = ip, $2 = site name, $3 = remote entry or "", $4 = CPU
   if [ -n "$3" ]; then
     printf '[sites]\nlocal_site = "%s"\nremote_site = ["%s"]\nreplicate_timers_across_sites = true\n' "$2" "$3" >>"$cfg"
   fi
-  taskset -c "$4" "$bin/chronos" --config "$cfg" --bind-address "$1" --bind-port "$port" 2>"$work/$1.log" &
-  pids+=($!)
-  for _ in $(seq 1 200); do
-    curl -fs "http://$1:$port/ping" >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  echo "chronos at $1 did not start"; cat "$work/$1.log"; exit 1
+  start_node "$1" "$cfg" "$work/$1.log" "$4"
 }
 
 for r in $(seq 1 "$rounds"); do
@@ -46,7 +32,7 @@ for r in $(seq 1 "$rounds"); do
     if [ "$kind" = sites ]; then
       curl -fs "http://127.0.0.1:$port/metrics" | grep '^chronos_site_replication_total'
     fi
-    cleanup
+    stop_nodes
     sleep 1
   done
 done

@@ -55,8 +55,6 @@ struct NodeShared {
 struct Reloaded {
     cluster: Cluster,
     instance_id: u16,
-    /// `[sites]` (restart to change: a reload only says so).
-    sites: Sites,
 }
 
 /// Run a node until shutdown.
@@ -81,10 +79,10 @@ pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
     let current = Reloaded {
         cluster: resolved.cluster.clone(),
         instance_id: resolved.instance_id,
-        sites: resolved.sites.clone(),
     };
     let (resync_tx, resyncs) = async_channel::bounded::<()>(RELOADS_QUEUED_MAX);
-    let hook = signal_hook(reload, current, reload_tx, resync_tx);
+    let sites = resolved.sites.clone();
+    let hook = signal_hook(reload, current, sites, reload_tx, resync_tx);
     let queue = match &resolved.config.queue {
         Some(q) => Some(QueueShared::start(q, shards)?),
         None => None,
@@ -235,6 +233,7 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
 fn signal_hook(
     reload: Reload,
     mut current: Reloaded,
+    sites: Sites,
     shards: Vec<async_channel::Sender<Arc<Reloaded>>>,
     resync: async_channel::Sender<()>,
 ) -> SignalHook {
@@ -254,15 +253,16 @@ fn signal_hook(
                 tracing::error!(target: "chronos::node", "SIGHUP: the configuration is invalid, keeping the current one: {e}");
                 return;
             }
-            Ok(next) => Reloaded {
-                cluster: next.cluster,
-                instance_id: next.instance_id,
-                sites: next.sites,
-            },
+            Ok(next) => {
+                if next.sites != sites {
+                    tracing::warn!(target: "chronos::node", "SIGHUP: [sites] changed; it takes a restart, the sites the node started with stay until then");
+                }
+                Reloaded {
+                    cluster: next.cluster,
+                    instance_id: next.instance_id,
+                }
+            }
         };
-        if next.sites != current.sites {
-            tracing::warn!(target: "chronos::node", "SIGHUP: [sites] changed; it takes a restart, the current sites stay until then");
-        }
         let (was, now) = (&current.cluster, &next.cluster);
         if now.local_address != was.local_address {
             tracing::error!(target: "chronos::node", "SIGHUP: this node's address would change ({} to {}), which needs a restart; keeping the current cluster", was.local_address, now.local_address);
@@ -282,16 +282,12 @@ fn signal_hook(
         let shared = Arc::new(Reloaded {
             cluster: next.cluster.clone(),
             instance_id: next.instance_id,
-            sites: current.sites.clone(),
         });
         for (i, tx) in shards.iter().enumerate() {
             if tx.try_send(shared.clone()).is_err() {
                 tracing::error!(target: "chronos::node", "SIGHUP: shard {i} has {RELOADS_QUEUED_MAX} reloads pending; this one is dropped there");
             }
         }
-        // The sites in force stay the ones the node started with.
-        let sites = std::mem::take(&mut current.sites);
         current = next;
-        current.sites = sites;
     })
 }

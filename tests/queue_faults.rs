@@ -102,15 +102,7 @@ fn a_broker_outage_and_restart_loses_nothing() {
     let due = now_ms() + 8_000;
     let dl = iso(due);
     let keys: Vec<String> = (0..30).map(|i| format!("b{i}")).collect();
-    let inputs: Vec<Input> = keys
-        .iter()
-        .map(|k| Input {
-            key: Some(k),
-            value: b"v",
-            headers: vec![("chronosMessageId", k), ("chronosDeadline", &dl)],
-        })
-        .collect();
-    produce(&p, &s.input, &inputs);
+    produce(&p, &s.input, &inputs_due(&keys, &dl));
     drop(p);
     wait_rows_at_least(&s.table, 30, &node);
     // The broker dies before the deadline and stays away past it.
@@ -169,15 +161,7 @@ fn a_broker_outage_past_the_hold_time_resets_no_live_node_s_rows() {
     let due = now_ms() + 8_000;
     let dl = iso(due);
     let keys: Vec<String> = (0..40).map(|i| format!("h{i}")).collect();
-    let inputs: Vec<Input> = keys
-        .iter()
-        .map(|k| Input {
-            key: Some(k),
-            value: b"v",
-            headers: vec![("chronosMessageId", k), ("chronosDeadline", &dl)],
-        })
-        .collect();
-    produce(&p, &s.input, &inputs);
+    produce(&p, &s.input, &inputs_due(&keys, &dl));
     drop(p);
     wait_rows_at_least(&s.table, 40, &a);
     s.broker.kill();

@@ -137,19 +137,7 @@ fn create_timers(node: &Node, sink: &Sink) -> Instant {
 
 /// Every timer popped exactly once (a duplicate or a missing pop fails).
 fn assert_popped_once(sink: &Sink, created: Instant) {
-    let left = (created + POP_WITHIN).saturating_duration_since(Instant::now());
-    sink.wait_for(TIMERS, left);
-    // Room for a late duplicate to show itself.
-    std::thread::sleep(Duration::from_secs(3));
-    let pops: Vec<Pop> = sink.pops().into_iter().filter(|p| p.ok).collect();
-    let mut per: BTreeMap<String, usize> = BTreeMap::new();
-    for p in &pops {
-        *per.entry(p.path.clone()).or_default() += 1;
-    }
-    let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "popped more than once: {twice:?}");
-    assert_eq!(per.len(), TIMERS, "{} of {TIMERS} popped", per.len());
-    for p in &pops {
+    for p in assert_popped_once_among(sink, created, "/t/") {
         assert!(p.at >= created + Duration::from_secs(INTERVAL_S), "early");
     }
 }
@@ -201,6 +189,23 @@ fn list_all(node: &Node, k: usize, port: u16) -> usize {
     panic!("the listing did not end within 100 pages")
 }
 
+/// Nodes 1 and 2 in a cluster of two, nodes 3 and 4 joining it.
+fn two_and_two_joining(port: u16) -> Vec<Node> {
+    (1..=4)
+        .map(|i| match i {
+            1 | 2 => start(i, port, &[1, 2], &[], &[]),
+            _ => start(i, port, &[1, 2], &[3, 4], &[]),
+        })
+        .collect()
+}
+
+/// Wait until every node's replication queues are drained.
+fn settle<'a>(nodes: impl IntoIterator<Item = &'a Node>) {
+    for node in nodes {
+        node.wait_replication_settled(Duration::from_secs(5));
+    }
+}
+
 fn live(node: &Node) -> f64 {
     node.metric("chronos_timers_pending") - node.metric("chronos_tombstones")
 }
@@ -211,12 +216,7 @@ fn live(node: &Node) -> f64 {
 fn scale_up_two_to_four() {
     let port = cluster_port(4);
     let sink = Sink::start(Behaviour::Ok);
-    let nodes: Vec<Node> = (1..=4)
-        .map(|i| match i {
-            1 | 2 => start(i, port, &[1, 2], &[], &[]),
-            _ => start(i, port, &[1, 2], &[3, 4], &[]),
-        })
-        .collect();
+    let nodes = two_and_two_joining(port);
     let created = create_timers(&nodes[0], &sink);
     nodes[0].wait_replication_settled(Duration::from_secs(5));
     for i in 1..=2 {
@@ -230,9 +230,7 @@ fn scale_up_two_to_four() {
     for node in &nodes {
         resync_cli(node);
     }
-    for node in &nodes {
-        node.wait_replication_settled(Duration::from_secs(5));
-    }
+    settle(&nodes);
     assert!(
         Instant::now() < created + Duration::from_secs(INTERVAL_S),
         "the scaling steps took longer than the interval"
@@ -262,9 +260,7 @@ fn scale_down_four_to_two_then_kill_the_leavers() {
     }
     resync_usr1(&nodes[0]);
     resync_usr1(&nodes[1]);
-    for node in &nodes {
-        node.wait_replication_settled(Duration::from_secs(5));
-    }
+    settle(&nodes);
     nodes[2].kill9();
     nodes[3].kill9();
     assert_eq!(live(&nodes[0]) + live(&nodes[1]), 2.0 * TIMERS as f64);
@@ -277,12 +273,7 @@ fn scale_down_four_to_two_then_kill_the_leavers() {
 fn scale_up_then_the_original_two_leave() {
     let port = cluster_port(4);
     let sink = Sink::start(Behaviour::Ok);
-    let mut nodes: Vec<Node> = (1..=4)
-        .map(|i| match i {
-            1 | 2 => start(i, port, &[1, 2], &[], &[]),
-            _ => start(i, port, &[1, 2], &[3, 4], &[]),
-        })
-        .collect();
+    let mut nodes = two_and_two_joining(port);
     let created = create_timers(&nodes[1], &sink);
     nodes[1].wait_replication_settled(Duration::from_secs(5));
     for i in 1..=2 {
@@ -296,9 +287,7 @@ fn scale_up_then_the_original_two_leave() {
     }
     resync_cli(&nodes[2]);
     resync_cli(&nodes[3]);
-    for node in &nodes {
-        node.wait_replication_settled(Duration::from_secs(5));
-    }
+    settle(&nodes);
     nodes[0].kill9();
     nodes[1].kill9();
     assert_eq!(live(&nodes[2]) + live(&nodes[3]), 2.0 * TIMERS as f64);
@@ -422,8 +411,9 @@ fn a_resync_under_creates_and_deletes_loses_nothing_and_pops_nothing_deleted() {
     }
 }
 
-/// `assert_popped_once` for the pops under `prefix` only.
-fn assert_popped_once_among(sink: &Sink, created: Instant, prefix: &str) {
+/// Every timer called back under `prefix` popped exactly once (a
+/// duplicate or a missing pop fails); the successful pops.
+fn assert_popped_once_among(sink: &Sink, created: Instant, prefix: &str) -> Vec<Pop> {
     let deadline = created + POP_WITHIN;
     loop {
         let n = sink
@@ -436,16 +426,66 @@ fn assert_popped_once_among(sink: &Sink, created: Instant, prefix: &str) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Room for a late duplicate to show itself.
     std::thread::sleep(Duration::from_secs(3));
-    let mut per: BTreeMap<String, usize> = BTreeMap::new();
-    for p in sink
+    let pops: Vec<Pop> = sink
         .pops()
-        .iter()
+        .into_iter()
         .filter(|p| p.ok && p.path.starts_with(prefix))
-    {
+        .collect();
+    let mut per: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &pops {
         *per.entry(p.path.clone()).or_default() += 1;
     }
     let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "popped more than once: {twice:?}");
     assert_eq!(per.len(), TIMERS, "{} of {TIMERS} popped", per.len());
+    pops
+}
+
+/// Timers created under the old view, moved by the resync, then deleted
+/// with the IDs the client holds (which name only the old replicas): the
+/// delete also reaches their new replicas, and none pops.
+#[test]
+fn timers_moved_by_a_resync_then_deleted_with_their_old_ids_never_pop() {
+    let port = cluster_port(3);
+    let sink = Sink::start(Behaviour::Ok);
+    let n1 = start(1, port, &[1, 2], &[], &[]);
+    let n2 = start(2, port, &[1, 2], &[], &[]);
+    let n3 = start(3, port, &[1, 2], &[3], &[]);
+    let created = Instant::now();
+    let ids: Vec<String> = (0..30)
+        .map(|i| {
+            n1.create(&timer(
+                &sink.uri(&format!("/d/{i}")),
+                INTERVAL_S,
+                INTERVAL_S,
+            ))
+        })
+        .collect();
+    settle([&n1]);
+    reload(&n1, 1, port, &[1, 2], &[3], &[]);
+    reload(&n2, 2, port, &[1, 2], &[3], &[]);
+    for node in [&n1, &n2, &n3] {
+        resync_cli(node);
+    }
+    settle([&n1, &n2, &n3]);
+    assert!(live(&n3) > 0.0, "the resync moved timers to node 3");
+    for id in &ids {
+        assert_eq!(
+            n2.request("DELETE", &format!("/timers/{id}"), "").status,
+            200
+        );
+    }
+    assert!(
+        Instant::now() < created + Duration::from_secs(INTERVAL_S),
+        "slower than the interval"
+    );
+    std::thread::sleep((created + POP_WITHIN).saturating_duration_since(Instant::now()));
+    let pops = sink.pops();
+    assert!(
+        pops.is_empty(),
+        "deleted timers popped: {:?}",
+        pops.iter().map(|p| &p.path).collect::<Vec<_>>()
+    );
 }

@@ -15,6 +15,9 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 /// Sites a node knows, the local one included (four bits per site in a
 /// timer's packed list, and `SITES_END` marks its end).
 pub const SITES_MAX: usize = 7;
+// Every remote site has a slot in the per-site counters.
+const _: () = assert!(SITES_MAX - 1 <= crate::stats::SITE_SLOTS);
+
 /// The end of a packed site list.
 const SITES_END: u32 = 0xF;
 /// A packed list naming no site (a timer of a node without `[sites]`).

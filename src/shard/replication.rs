@@ -12,6 +12,33 @@ use crate::runtime::clock;
 use crate::timer::spec::TAGS_MAX;
 use crate::timer::{TimerHead, TimerSpec};
 
+/// The replication body of one incarnation, its start as seen from now
+/// (`replicas` empty: for another site; `sites` empty: none).
+pub(super) fn body_of<'a>(
+    head: &TimerHead,
+    callback: (&'a str, &'a str),
+    tags: &'a [(&'a str, u32)],
+    replicas: &'a [&'a str],
+    sites: &'a [&'a str],
+    view_id: u64,
+) -> Body<'a> {
+    Body {
+        interval_ms: head.interval_ms,
+        repeat_for_ms: head.repeat_for_ms,
+        start_time_delta_ms: head.start_ms as i64 - clock::now_ms() as i64,
+        sequence: head.sequence,
+        version_us: head.version,
+        uri: callback.0,
+        opaque: callback.1,
+        view_id,
+        replicas,
+        sites,
+        factor_requested: head.factor_requested,
+        tags,
+        start_time_unix_ms: None,
+    }
+}
+
 impl Shard {
     /// Queue the replication `PUT` of one incarnation to every peer in
     /// `targets`. An empty `callback` (`("", "")`) is a tombstone.
@@ -29,21 +56,8 @@ impl Shard {
             "a live timer has replicas"
         );
         assert!(tags.len() <= TAGS_MAX);
-        let body = Body {
-            interval_ms: head.interval_ms,
-            repeat_for_ms: head.repeat_for_ms,
-            start_time_delta_ms: head.start_ms as i64 - clock::now_ms() as i64,
-            sequence: head.sequence,
-            version_us: head.version,
-            uri: callback.0,
-            opaque: callback.1,
-            view_id: cluster.view_id,
-            replicas,
-            sites: &self.resolved.sites.names(head.sites),
-            factor_requested: head.factor_requested,
-            tags,
-            start_time_unix_ms: None,
-        };
+        let sites = self.resolved.sites.names(head.sites);
+        let body = body_of(head, callback, tags, replicas, &sites, cluster.view_id);
         let mut rest = targets;
         while rest != 0 {
             let peer = rest.trailing_zeros() as usize;
@@ -67,21 +81,7 @@ impl Shard {
             return;
         }
         let names = sites.names(head.sites);
-        let body = Body {
-            interval_ms: head.interval_ms,
-            repeat_for_ms: head.repeat_for_ms,
-            start_time_delta_ms: head.start_ms as i64 - clock::now_ms() as i64,
-            sequence: head.sequence,
-            version_us: head.version,
-            uri: callback.0,
-            opaque: callback.1,
-            view_id: self.cluster().view_id,
-            replicas: &[],
-            sites: &names,
-            factor_requested: head.factor_requested,
-            tags,
-            start_time_unix_ms: None,
-        };
+        let body = body_of(head, callback, tags, &[], &names, self.cluster().view_id);
         for slot in Sites::remote_in(head.sites) {
             self.sites_out.send(slot - 1, head.id, &body);
         }
@@ -181,11 +181,7 @@ impl Shard {
         let cluster = self.cluster();
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];
-        let mut tag_count = 0;
-        for (slot, (index, count)) in tags.iter_mut().zip(t.tags()) {
-            *slot = (store.tag_name(index), count);
-            tag_count += 1;
-        }
+        let tag_count = store.tag_pairs(t, &mut tags);
         let mut head = t.head();
         let callback = (t.uri(), t.opaque());
         if targets != 0 {

@@ -22,8 +22,9 @@
 //! `RANGE_MAX`) and in bytes (`PAGE_BYTES_MAX`, at least one timer).
 
 use super::mesh::{MeshMsg, Reply};
+use super::replication::body_of;
 use super::Shard;
-use crate::cluster::replicate::{encode_body, Body};
+use crate::cluster::replicate::encode_body;
 use crate::cluster::{Cluster, NODES_MAX};
 use crate::http::uri::percent_decode;
 use crate::runtime::clock;
@@ -250,6 +251,7 @@ impl Shard {
             crate::runtime::bulk::breathe().await;
         }
         {
+            let cluster = self.cluster();
             let store = self.store.borrow();
             for unique in store.info_ids() {
                 // An informational copy stands in only behind a tombstone.
@@ -257,7 +259,7 @@ impl Shard {
                     continue;
                 }
                 let t = store.info(unique).expect("listed");
-                if self.listable(&self.cluster(), t, q).is_some() {
+                if self.listable(&cluster, t, q).is_some() {
                     let due_ms = t.next_pop_ms(self.skew_ms());
                     keys.push(Cursor { due_ms, unique });
                 }
@@ -340,29 +342,13 @@ impl Shard {
             .map(|p| cluster.node_at(p).address.as_str())
             .collect();
         let mut tags = [("", 0u32); TAGS_MAX];
-        let mut tag_count = 0;
-        for (slot, (index, count)) in tags.iter_mut().zip(t.tags()) {
-            *slot = (store.tag_name(index), count);
-            tag_count += 1;
-        }
+        let tag_count = store.tag_pairs(t, &mut tags);
         let sites = self.resolved.sites.names(t.sites);
-        let (now_ms, now_unix) = (clock::now_ms() as i64, clock::unix_ms() as i64);
-        let delta_ms = t.start_ms as i64 - now_ms;
-        let body = Body {
-            interval_ms: t.interval_ms,
-            repeat_for_ms: t.repeat_for_ms,
-            start_time_delta_ms: delta_ms,
-            sequence: t.sequence,
-            version_us: t.version,
-            uri: t.uri(),
-            opaque: t.opaque(),
-            view_id: cluster.view_id,
-            replicas: &new,
-            sites: &sites,
-            factor_requested: t.factor_requested,
-            tags: &tags[..tag_count],
-            start_time_unix_ms: Some((now_unix + delta_ms).max(0) as u64),
-        };
+        let callback = (t.uri(), t.opaque());
+        let tags = &tags[..tag_count];
+        let mut body = body_of(&t.head(), callback, tags, &new, &sites, cluster.view_id);
+        let start_unix_ms = clock::unix_ms() as i64 + body.start_time_delta_ms;
+        body.start_time_unix_ms = Some(start_unix_ms.max(0) as u64);
         let id = TimerId {
             unique,
             bloom: cluster.bloom_of(&replicas[..n]),

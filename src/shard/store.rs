@@ -219,6 +219,16 @@ impl Store {
         n
     }
 
+    /// A timer's tags as `(name, count)` into `out`; returns how many.
+    pub fn tag_pairs<'s>(&'s self, t: &Timer, out: &mut [(&'s str, u32); TAGS_MAX]) -> usize {
+        let mut n = 0;
+        for (slot, (index, count)) in out.iter_mut().zip(t.tags()) {
+            *slot = (self.tag_name(index), count);
+            n += 1;
+        }
+        n
+    }
+
     /// The name of an interned tag.
     pub fn tag_name(&self, index: u32) -> &str {
         &self.tag_names[index as usize]

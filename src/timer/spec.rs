@@ -15,7 +15,7 @@ pub const TAGS_MAX: usize = 32;
 /// Replicas named in a replication body.
 pub const REPLICAS_MAX: usize = super::NODES_MAX;
 /// Sites named in a replication body.
-pub const SITES_MAX: usize = 16;
+pub const SITES_LISTED_MAX: usize = 16;
 
 /// A validated timer definition, public or internal (replication) form.
 #[derive(Debug, PartialEq)]
@@ -295,9 +295,9 @@ fn parse_replication<'a>(
             "reliability.replicas must list 1 to {REPLICAS_MAX} nodes"
         ));
     }
-    if sites.as_ref().is_some_and(|s| s.len() > SITES_MAX) {
+    if sites.as_ref().is_some_and(|s| s.len() > SITES_LISTED_MAX) {
         return Err(format!(
-            "reliability.sites lists more than {SITES_MAX} sites"
+            "reliability.sites lists more than {SITES_LISTED_MAX} sites"
         ));
     }
     Ok(Some(Replication {

@@ -117,6 +117,18 @@ pub struct Input<'a> {
     pub headers: Vec<(&'a str, &'a str)>,
 }
 
+/// One message per key, the key also its `chronosMessageId`, value `v`,
+/// all due at the ISO 8601 deadline `dl`.
+pub fn inputs_due<'a>(keys: &'a [String], dl: &'a str) -> Vec<Input<'a>> {
+    keys.iter()
+        .map(|k| Input {
+            key: Some(k),
+            value: b"v",
+            headers: vec![("chronosMessageId", k), ("chronosDeadline", dl)],
+        })
+        .collect()
+}
+
 pub fn producer(brokers: &str) -> BaseProducer {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)
