@@ -49,6 +49,9 @@ pub struct HttpConfig {
     pub header_timeout_ms: u64,
     /// From a complete head to the complete body; beyond it `408`.
     pub body_timeout_ms: u64,
+    /// A connection whose queued output makes no progress for this long
+    /// (its client stopped reading) is closed and its slot given back.
+    pub write_timeout_ms: u64,
     /// Drive the sockets with the shard's own io_uring (multishot accept
     /// and receive, batched sends; `http::ring`) rather than glommio's
     /// `TcpStream`. On by default (perf/README.md, "HTTP"); falls back to
@@ -92,6 +95,7 @@ impl Default for HttpConfig {
             idle_timeout_ms: 300_000,
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
+            write_timeout_ms: 30_000,
             net_ring: true,
             accept_steering: AcceptSteering::Cpu,
         }
@@ -159,14 +163,17 @@ impl Secret {
         format!("Bearer {}", self.0)
     }
 
-    /// Whether `header` is exactly `Bearer <secret>`, compared in constant
-    /// time (for a given secret length).
+    /// Whether `header` is exactly `Bearer <secret>`: compared in place
+    /// (no allocation per request) and in constant time for a given secret
+    /// length (every byte of `Bearer <secret>` is looked at, whatever the
+    /// header holds).
     pub fn admits(&self, header: Option<&[u8]>) -> bool {
-        let want = self.bearer();
+        const SCHEME: &[u8] = b"Bearer ";
         let got = header.unwrap_or(b"");
-        let mut diff = want.len() ^ got.len();
-        for (i, w) in want.bytes().enumerate() {
-            diff |= (w ^ got.get(i).copied().unwrap_or(0)) as usize;
+        let secret = self.0.as_bytes();
+        let mut diff = (SCHEME.len() + secret.len()) ^ got.len();
+        for (i, w) in SCHEME.iter().chain(secret).enumerate() {
+            diff |= usize::from(w ^ got.get(i).copied().unwrap_or(0));
         }
         diff == 0
     }
@@ -225,8 +232,14 @@ pub struct TimersConfig {
     pub callback_wait_ms: u64,
     /// Time to establish a callback connection (within the total).
     pub callback_connect_timeout_ms: u64,
-    /// Callbacks in flight per shard; a pop beyond it counts as a failed callback.
+    /// Callbacks in flight per shard; beyond it due pops wait in the wheel
+    /// (late, not lost).
     pub callback_in_flight_max: usize,
+    /// Callbacks in flight per shard to one target (`host:port`): a slow or
+    /// hanging target takes at most this share of `callback-in-flight-max`,
+    /// and its further pops wait (or, `callback-wait-ms` late, go to the
+    /// next replica) while other targets' pops go out on time.
+    pub callback_in_flight_per_target_max: usize,
     /// Open connections per callback target (`host:port`) per shard.
     pub callback_connections_per_host_max: usize,
     /// How much later each backup replica pops than the one before it.
@@ -244,6 +257,7 @@ impl Default for TimersConfig {
             callback_wait_ms: 250,
             callback_connect_timeout_ms: 500,
             callback_in_flight_max: 4096,
+            callback_in_flight_per_target_max: 512,
             callback_connections_per_host_max: 64,
             replica_skew_ms: 2000,
             default_replication_factor: 2,
@@ -525,6 +539,9 @@ impl Config {
                     .into(),
             );
         }
+        if h.write_timeout_ms == 0 {
+            return Err("[http] write-timeout-ms must be positive".into());
+        }
         if h.connections_per_source_max == 0 {
             return Err("[http] connections-per-source-max must be positive".into());
         }
@@ -540,6 +557,13 @@ impl Config {
         }
         if t.callback_in_flight_max == 0 || t.callback_connections_per_host_max == 0 {
             return Err("[timers] callback-in-flight-max and callback-connections-per-host-max must be positive".into());
+        }
+        let share = t.callback_in_flight_per_target_max;
+        if share == 0 || share > t.callback_in_flight_max {
+            return Err(format!(
+                "[timers] callback-in-flight-per-target-max = {share} must be between 1 and callback-in-flight-max ({})",
+                t.callback_in_flight_max
+            ));
         }
         if t.default_replication_factor == 0 || t.timers_per_shard_max == 0 {
             return Err(
@@ -778,6 +802,7 @@ mod tests {
         assert_eq!(c.timers.timers_per_shard_max, d.timers.timers_per_shard_max);
         assert_eq!(c.http.accept_steering, d.http.accept_steering);
         assert_eq!(c.http.net_ring, d.http.net_ring);
+        assert_eq!(c.http.write_timeout_ms, d.http.write_timeout_ms);
         c.resolve(2).unwrap();
     }
 
@@ -813,6 +838,7 @@ mod tests {
             ("[http]\nbind-address = \"nope\"", "bind-address"),
             ("[cluster]\nnode = [\"10.0.0.9:1\"]", "not in the cluster"),
             ("[timers]\ncallback-timeout-ms = 0", "callback-timeout-ms"),
+            ("[http]\nwrite-timeout-ms = 0", "write-timeout-ms"),
             ("[cluster]\nreplication-queue-max = 0", "replication-queue-max"),
             (
                 "[queue]\nkafka-brokers = \"k:1\"\ninput-topic = \"a\"\noutput-topic = \"b\"\npostgres-url = \"postgres://u@h:5432/d\"\ntable = \"x; drop\"",

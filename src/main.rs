@@ -95,14 +95,17 @@ fn log_resolved(cli: &Cli, resolved: &chronos::config::Resolved) {
     );
 }
 
-/// `chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N]`:
-/// ask a running node for a resync (`POST /resync`); with `--wait`, poll
-/// `GET /cluster` until that run finished: exit 0 if it completed, 1 if it
-/// failed or the wait timed out, 2 on bad flags.
+/// `chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N]
+/// [--config FILE]`: ask a running node for a resync (`POST /resync`); with
+/// `--wait`, poll `GET /cluster` until that run finished: exit 0 if it
+/// completed, 1 if it failed or the wait timed out, 2 on bad flags or an
+/// unreadable config. The node's config file (`--config`, else
+/// `CHRONOS_CONFIG`) gives the `[cluster] shared-secret` to send.
 fn resync_command(args: &[String]) -> ExitCode {
     let (mut wait, mut all_views) = (false, false);
     let mut address = "127.0.0.1:7253".to_string();
     let mut timeout_s = 600u64;
+    let mut config = std::env::var("CHRONOS_CONFIG").ok();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let value = match flag.as_str() {
@@ -114,22 +117,34 @@ fn resync_command(args: &[String]) -> ExitCode {
                 all_views = true;
                 continue;
             }
-            "--address" | "--timeout-s" => it.next(),
+            "--address" | "--timeout-s" | "--config" | "-c" => it.next(),
             _ => None,
         };
         match (flag.as_str(), value) {
             ("--address", Some(v)) => address = v.clone(),
+            ("--config" | "-c", Some(v)) => config = Some(v.clone()),
             ("--timeout-s", Some(v)) if v.parse::<u64>().is_ok() => {
                 timeout_s = v.parse().unwrap_or(600)
             }
             _ => {
-                eprintln!("chronos resync: bad argument {flag:?}; usage: chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N]");
+                eprintln!("chronos resync: bad argument {flag:?}; usage: chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N] [--config FILE]");
                 return ExitCode::from(2);
             }
         }
     }
+    let authorization = match secret_of(config.as_deref()) {
+        Ok(secret) => secret.map(|s| s.bearer()),
+        Err(e) => {
+            eprintln!("chronos resync: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let admin = Admin {
+        address,
+        authorization,
+    };
     match resync_at(
-        &address,
+        &admin,
         wait,
         all_views,
         std::time::Duration::from_secs(timeout_s),
@@ -145,14 +160,33 @@ fn resync_command(args: &[String]) -> ExitCode {
     }
 }
 
+/// The `[cluster] shared-secret` of the config file at `path`, if any.
+fn secret_of(path: Option<&str>) -> Result<Option<chronos::config::Secret>, String> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config file {path:?}: {e}"))?;
+    let config = Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?;
+    Ok(config.cluster.shared_secret)
+}
+
+/// A node's admin API: its address, and the `Authorization` value to send
+/// (`Bearer <secret>`) when the cluster has a shared secret.
+struct Admin {
+    address: String,
+    authorization: Option<String>,
+}
+
 fn resync_at(
-    address: &str,
+    admin: &Admin,
     wait: bool,
     all_views: bool,
     timeout: std::time::Duration,
 ) -> Result<String, String> {
+    let address = &admin.address;
     let query = if all_views { "?all-views=true" } else { "" };
-    let (status, body) = admin_request(address, "POST", &format!("/resync{query}"))?;
+    let (status, body) = admin_request(admin, "POST", &format!("/resync{query}"))?;
     if status != 202 {
         return Err(format!("{address} answered {status}: {body}"));
     }
@@ -164,7 +198,7 @@ fn resync_at(
     }
     let deadline = std::time::Instant::now() + timeout;
     loop {
-        let (status, body) = admin_request(address, "GET", "/cluster")?;
+        let (status, body) = admin_request(admin, "GET", "/cluster")?;
         let report = json_of(&body)?;
         let r = &report["resync"];
         if status == 200 && r["finished-runs"].as_u64().unwrap_or(0) >= run {
@@ -187,9 +221,11 @@ fn json_of(body: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(body).map_err(|e| format!("an answer that is not JSON ({e}): {body}"))
 }
 
-/// One HTTP/1.1 request with `Connection: close`; `(status, body)`.
-fn admin_request(address: &str, method: &str, path: &str) -> Result<(u16, String), String> {
+/// One HTTP/1.1 request with `Connection: close`, carrying the shared
+/// secret if there is one; `(status, body)`.
+fn admin_request(admin: &Admin, method: &str, path: &str) -> Result<(u16, String), String> {
     use std::io::{Read, Write};
+    let address = admin.address.as_str();
     let timeout = std::time::Duration::from_secs(10);
     let addr: std::net::SocketAddr = address
         .parse()
@@ -197,7 +233,11 @@ fn admin_request(address: &str, method: &str, path: &str) -> Result<(u16, String
     let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| format!("{address}: {e}"))?;
     let _ = stream.set_read_timeout(Some(timeout));
-    let request = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    let authorization = match &admin.authorization {
+        Some(value) => format!("Authorization: {value}\r\n"),
+        None => String::new(),
+    };
+    let request = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n{authorization}\r\n");
     stream
         .write_all(request.as_bytes())
         .map_err(|e| format!("{address}: {e}"))?;

@@ -49,107 +49,84 @@ pub fn murmur3_x86_32(data: &[u8], seed: u32) -> u32 {
     fmix32(h ^ data.len() as u32)
 }
 
+/// MurmurHash3_x86_128's four 32-bit lanes: the key multipliers (lane
+/// `i` multiplies by `C[i]`, then after its rotation by `C[i + 1]`), the
+/// key and state rotations, and the state addends.
+const X86_128_C: [u32; 4] = [0x239b_961b, 0xab0e_9789, 0x38b3_4ae5, 0xa1e3_8b93];
+const X86_128_KEY_ROTATE: [u32; 4] = [15, 16, 17, 18];
+const X86_128_STATE_ROTATE: [u32; 4] = [19, 17, 15, 13];
+const X86_128_STATE_ADD: [u32; 4] = [0x561c_cd1b, 0x0bca_a747, 0x96cd_1c35, 0x32ac_3b17];
+
+/// Lane `lane`'s mix of one key word (a block word or a tail word).
+#[inline]
+fn x86_128_key(k: u32, lane: usize) -> u32 {
+    k.wrapping_mul(X86_128_C[lane])
+        .rotate_left(X86_128_KEY_ROTATE[lane])
+        .wrapping_mul(X86_128_C[(lane + 1) % 4])
+}
+
+/// Mix one 16-byte block into the state. Lanes go in order, each adding
+/// the next lane's state: lanes 1 to 3 the old one, lane 4 the new lane 1.
+#[inline]
+fn x86_128_block(h: &mut [u32; 4], block: &[u8]) {
+    for lane in 0..4 {
+        h[lane] ^= x86_128_key(word(&block[lane * 4..]), lane);
+        h[lane] = h[lane]
+            .rotate_left(X86_128_STATE_ROTATE[lane])
+            .wrapping_add(h[(lane + 1) % 4])
+            .wrapping_mul(5)
+            .wrapping_add(X86_128_STATE_ADD[lane]);
+    }
+}
+
+/// Mix the last 0 to 15 bytes: each lane with bytes in the tail takes its
+/// (up to) four as a little-endian word.
+#[inline]
+fn x86_128_tail(h: &mut [u32; 4], tail: &[u8]) {
+    for (lane, part) in tail.chunks(4).enumerate() {
+        h[lane] ^= x86_128_key(tail_word(part), lane);
+    }
+}
+
+/// Lane 1 takes the sum of all four, then every other lane adds it.
+#[inline]
+fn x86_128_add_lanes(h: &mut [u32; 4]) {
+    let sum = h[0]
+        .wrapping_add(h[1])
+        .wrapping_add(h[2])
+        .wrapping_add(h[3]);
+    h[0] = sum;
+    for lane in &mut h[1..] {
+        *lane = lane.wrapping_add(sum);
+    }
+}
+
+/// The finalisation: the length, lane sums around `fmix32`, and the two
+/// 64-bit halves (lanes 1 and 2, then 3 and 4, low lane first).
+fn x86_128_finish(mut h: [u32; 4], len: u32) -> [u64; 2] {
+    for lane in &mut h {
+        *lane ^= len;
+    }
+    x86_128_add_lanes(&mut h);
+    for lane in &mut h {
+        *lane = fmix32(*lane);
+    }
+    x86_128_add_lanes(&mut h);
+    [
+        (h[0] as u64) | ((h[1] as u64) << 32),
+        (h[2] as u64) | ((h[3] as u64) << 32),
+    ]
+}
+
 /// MurmurHash3_x86_128, returned as its two little-endian 64-bit halves.
 pub fn murmur3_x86_128(data: &[u8], seed: u32) -> [u64; 2] {
-    const C1: u32 = 0x239b_961b;
-    const C2: u32 = 0xab0e_9789;
-    const C3: u32 = 0x38b3_4ae5;
-    const C4: u32 = 0xa1e3_8b93;
-    let (mut h1, mut h2, mut h3, mut h4) = (seed, seed, seed, seed);
+    let mut h = [seed; 4];
     let mut blocks = data.chunks_exact(16);
-    for b in &mut blocks {
-        let k1 = word(&b[0..4])
-            .wrapping_mul(C1)
-            .rotate_left(15)
-            .wrapping_mul(C2);
-        h1 ^= k1;
-        h1 = h1
-            .rotate_left(19)
-            .wrapping_add(h2)
-            .wrapping_mul(5)
-            .wrapping_add(0x561c_cd1b);
-        let k2 = word(&b[4..8])
-            .wrapping_mul(C2)
-            .rotate_left(16)
-            .wrapping_mul(C3);
-        h2 ^= k2;
-        h2 = h2
-            .rotate_left(17)
-            .wrapping_add(h3)
-            .wrapping_mul(5)
-            .wrapping_add(0x0bca_a747);
-        let k3 = word(&b[8..12])
-            .wrapping_mul(C3)
-            .rotate_left(17)
-            .wrapping_mul(C4);
-        h3 ^= k3;
-        h3 = h3
-            .rotate_left(15)
-            .wrapping_add(h4)
-            .wrapping_mul(5)
-            .wrapping_add(0x96cd_1c35);
-        let k4 = word(&b[12..16])
-            .wrapping_mul(C4)
-            .rotate_left(18)
-            .wrapping_mul(C1);
-        h4 ^= k4;
-        h4 = h4
-            .rotate_left(13)
-            .wrapping_add(h1)
-            .wrapping_mul(5)
-            .wrapping_add(0x32ac_3b17);
+    for block in &mut blocks {
+        x86_128_block(&mut h, block);
     }
-    let tail = blocks.remainder();
-    let part = |i: usize| -> &[u8] {
-        let lo = (i * 4).min(tail.len());
-        let hi = (i * 4 + 4).min(tail.len());
-        &tail[lo..hi]
-    };
-    if tail.len() > 12 {
-        h4 ^= tail_word(part(3))
-            .wrapping_mul(C4)
-            .rotate_left(18)
-            .wrapping_mul(C1);
-    }
-    if tail.len() > 8 {
-        h3 ^= tail_word(part(2))
-            .wrapping_mul(C3)
-            .rotate_left(17)
-            .wrapping_mul(C4);
-    }
-    if tail.len() > 4 {
-        h2 ^= tail_word(part(1))
-            .wrapping_mul(C2)
-            .rotate_left(16)
-            .wrapping_mul(C3);
-    }
-    if !tail.is_empty() {
-        h1 ^= tail_word(part(0))
-            .wrapping_mul(C1)
-            .rotate_left(15)
-            .wrapping_mul(C2);
-    }
-    let len = data.len() as u32;
-    h1 ^= len;
-    h2 ^= len;
-    h3 ^= len;
-    h4 ^= len;
-    h1 = h1.wrapping_add(h2).wrapping_add(h3).wrapping_add(h4);
-    h2 = h2.wrapping_add(h1);
-    h3 = h3.wrapping_add(h1);
-    h4 = h4.wrapping_add(h1);
-    h1 = fmix32(h1);
-    h2 = fmix32(h2);
-    h3 = fmix32(h3);
-    h4 = fmix32(h4);
-    h1 = h1.wrapping_add(h2).wrapping_add(h3).wrapping_add(h4);
-    h2 = h2.wrapping_add(h1);
-    h3 = h3.wrapping_add(h1);
-    h4 = h4.wrapping_add(h1);
-    [
-        (h1 as u64) | ((h2 as u64) << 32),
-        (h3 as u64) | ((h4 as u64) << 32),
-    ]
+    x86_128_tail(&mut h, blocks.remainder());
+    x86_128_finish(h, data.len() as u32)
 }
 
 #[cfg(test)]
@@ -203,6 +180,55 @@ mod tests {
         ];
         for &(data, seed, want) in table {
             assert_eq!(murmur3_x86_128(data, seed), want, "{data:?}");
+        }
+    }
+
+    #[test]
+    fn x86_128_vectors_of_every_tail_length() {
+        // Python mmh3 5.x, `hash128(data, seed, x64arch=False)` split into
+        // its low and high 64 bits: prefixes of one sentence whose lengths
+        // leave a tail in each lane (1 to 15 bytes) or none (16, 32).
+        let fox = b"The quick brown fox jumps over the lazy dog";
+        let table: &[(usize, u32, [u64; 2])] = &[
+            (1, 0, [0xd32c_ba11_3126_58d4, 0xd32c_ba11_d32c_ba11]),
+            (
+                3,
+                0x9747_b28c,
+                [0x1a09_d4aa_8faa_c277, 0x1a09_d4aa_1a09_d4aa],
+            ),
+            (4, 1, [0xed74_0d3e_f55c_2f0e, 0xed74_0d3e_ed74_0d3e]),
+            (
+                7,
+                0x9747_b28c,
+                [0x8379_bd23_21a4_e137, 0xf858_a156_f858_a156],
+            ),
+            (8, 0, [0xc96f_1f6d_66b6_c80a, 0x6d8a_0980_6d8a_0980]),
+            (
+                11,
+                0xffff_ffff,
+                [0x0c11_b4e1_c7d7_7b99, 0xd7c0_a57a_f4fc_fd4b],
+            ),
+            (
+                12,
+                0x9747_b28c,
+                [0x5c40_be80_5d59_2803, 0x9be8_cd8e_4e3a_da6f],
+            ),
+            (15, 2, [0x728b_b88e_ab6b_bbf8, 0x648d_5852_add3_e9e6]),
+            (16, 0, [0x85dc_9f00_05af_2e98, 0x1005_cf2a_7a56_0e93]),
+            (
+                32,
+                0x9747_b28c,
+                [0xaeca_b2d2_e894_5ecc, 0xe360_e9a9_a148_c806],
+            ),
+            (
+                43,
+                0x9747_b28c,
+                [0x4cb8_6171_8ad4_d55e, 0xcdb6_793e_8ea7_3a9c],
+            ),
+        ];
+        for &(len, seed, want) in table {
+            let data = &fox[..len];
+            assert_eq!(murmur3_x86_128(data, seed), want, "{data:?} seed {seed:#x}");
         }
     }
 }

@@ -137,6 +137,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         idle_timeout_ms: http.idle_timeout_ms,
         header_timeout: Duration::from_millis(http.header_timeout_ms),
         body_timeout: Duration::from_millis(http.body_timeout_ms),
+        write_timeout: Duration::from_millis(http.write_timeout_ms),
         drain: DRAIN_TIMEOUT,
     };
     let api = Api::new(shard.clone(), ready_check(&node));

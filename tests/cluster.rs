@@ -4,6 +4,9 @@
 //!
 //! The replica skew is the default 2 s throughout, so every bound below is
 //! `interval + replica_index × 2 s` plus a margin for a loaded 2-core machine.
+//! "No duplicate follows" is checked once every node is idle (`wait_idle`:
+//! no live copy left anywhere, every callback and replication message
+//! done), not after a fixed sleep.
 
 mod common;
 
@@ -14,6 +17,43 @@ use std::time::{Duration, Instant};
 const SKEW: Duration = Duration::from_secs(2);
 /// Lateness allowed on top of the schedule on a loaded machine.
 const MARGIN: Duration = Duration::from_millis(1500);
+/// How long the nodes may take, once their timers are done, to finish the
+/// last callbacks and replication messages on a loaded machine.
+const IDLE_WITHIN: Duration = Duration::from_secs(15);
+
+/// Pops of a 1 s repeating timer by which a duplicate of an earlier pop
+/// has shown (a backup pops one skew late, plus the margin): for timers
+/// that run on past the test, so no node ever goes idle.
+const DUPLICATE_SHOWS_WITHIN_POPS: usize =
+    ((SKEW.as_millis() + MARGIN.as_millis()) as usize).div_ceil(1000);
+
+/// Every node, for `wait_idle`.
+fn all(nodes: &[Node]) -> Vec<&Node> {
+    nodes.iter().collect()
+}
+
+/// Wait until each of the `count` timers called back under `prefix` has
+/// popped at least `pops` times since `since`.
+fn wait_pops_since(sink: &Sink, prefix: &str, count: usize, pops: usize, since: Instant) {
+    let what = format!("{pops} pops of each of {count} timers under {prefix}");
+    wait_until(
+        &what,
+        Duration::from_secs(pops as u64) + SKEW + MARGIN * 4,
+        || {
+            let grouped = by_path(&sink.pops());
+            let counts: Vec<usize> = grouped
+                .iter()
+                .filter(|(path, _)| path.starts_with(prefix))
+                .map(|(_, list)| list.iter().filter(|p| p.at >= since).count())
+                .collect();
+            if counts.len() >= count && counts.iter().all(|&c| c >= pops) {
+                Ok(())
+            } else {
+                Err(format!("pops per timer since then: {counts:?}"))
+            }
+        },
+    );
+}
 
 fn body(interval: &str, repeat_for: Option<&str>, uri: &str, opaque: &str, factor: u32) -> String {
     let repeat = repeat_for
@@ -58,8 +98,8 @@ fn steady_state_pops_exactly_once_with_no_backup_duplicates() {
     }
     let pops = sink.wait_for(n, Duration::from_secs(1) + MARGIN + Duration::from_secs(5));
     assert_eq!(pops.len(), n, "every timer pops");
-    // Wait past every backup's skew: no duplicate may follow.
-    std::thread::sleep(SKEW + MARGIN);
+    // No copy is left anywhere that could pop a duplicate.
+    wait_idle(&all(&nodes), IDLE_WITHIN);
     let pops = sink.pops();
     let grouped = by_path(&pops);
     assert_eq!(grouped.len(), n);
@@ -97,8 +137,10 @@ fn kill_9_of_the_node_that_took_the_requests_loses_no_timer() {
     nodes[0].wait_replication_settled(Duration::from_secs(5));
     assert_eq!(nodes[0].metric("chronos_replication_failed_total"), 0.0);
     nodes[0].kill9();
-    let pops = sink.wait_for(n, interval + SKEW + MARGIN + Duration::from_secs(3));
-    let grouped = by_path(&pops);
+    sink.wait_for(n, interval + SKEW + MARGIN + Duration::from_secs(3));
+    // The survivors hold no live copy: no duplicate can follow.
+    wait_pops_done(&[&nodes[1], &nodes[2]], IDLE_WITHIN);
+    let grouped = by_path(&sink.pops());
     assert_eq!(grouped.len(), n, "every timer pops after the crash");
     for i in 0..n {
         let list = &grouped[&format!("/k/{i}")];
@@ -133,8 +175,10 @@ fn delete_and_update_on_another_node_than_the_create() {
             assert_eq!(r.status, 200, "{}", r.text());
         }
     }
-    // Past the updated timers' primary and backup pop times.
-    std::thread::sleep(Duration::from_secs(2) + SKEW + MARGIN + Duration::from_secs(1));
+    // The updated timers (the positive control) pop; then no live copy of
+    // any timer is left anywhere.
+    sink.wait_for(10, Duration::from_secs(2) + SKEW + MARGIN * 2);
+    wait_idle(&all(&nodes), IDLE_WITHIN);
     let grouped = by_path(&sink.pops());
     for i in 0..20 {
         let list = grouped.get(&format!("/d/{i}")).cloned().unwrap_or_default();
@@ -162,14 +206,19 @@ fn repeating_timer_keeps_every_sequence_number_across_a_node_kill() {
     assert!(first.len() >= 2);
     nodes[primary - 1].kill9();
     // The backup takes over, 2 s behind: pop 6 is due at 6 s + 2 s.
-    let deadline = Instant::now() + Duration::from_secs(6) + SKEW + MARGIN + Duration::from_secs(2);
-    while Instant::now() < deadline {
-        if sink.pops().iter().any(|p| p.sequence == 6) {
-            break;
+    let within = Duration::from_secs(6) + SKEW + MARGIN + Duration::from_secs(2);
+    wait_until("pop 6 from the backup", within, || {
+        let pops = sink.pops();
+        match pops.iter().any(|p| p.sequence == 6) {
+            true => Ok(()),
+            false => Err(format!("{pops:?}")),
         }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    });
+    let survivors: Vec<&Node> = (1..=3)
+        .filter(|&i| i != primary)
+        .map(|i| &nodes[i - 1])
+        .collect();
+    wait_pops_done(&survivors, IDLE_WITHIN);
     let pops = sink.pops();
     let seqs: std::collections::BTreeSet<u32> = pops.iter().map(|p| p.sequence).collect();
     assert_eq!(
@@ -190,8 +239,10 @@ fn three_replicas_with_a_failing_first_callback_pop_once_more_and_no_third() {
         nodes[i % 3].create(&body("1", None, &sink.uri(&format!("/f/{i}")), "x", 3));
     }
     // Primary at 1 s fails, first backup at 3 s succeeds; the second backup
-    // (5 s) must stay silent: wait past it.
-    std::thread::sleep(Duration::from_secs(5) + MARGIN + Duration::from_secs(1));
+    // (5 s) must stay silent: once both pops of each timer are in, no live
+    // copy may be left anywhere.
+    sink.wait_for(2 * n, Duration::from_secs(3) + MARGIN * 4);
+    wait_idle(&all(&nodes), IDLE_WITHIN);
     let grouped = by_path(&sink.pops());
     assert_eq!(grouped.len(), n);
     for (path, list) in &grouped {
@@ -216,8 +267,10 @@ fn replication_factor_above_the_cluster_size_is_accepted_and_pops_once() {
         &body("1", None, &sink.uri("/big"), "x", 7),
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    // All three nodes are replicas: wait past the last one's skew.
-    std::thread::sleep(Duration::from_secs(1) + SKEW * 2 + MARGIN + Duration::from_secs(1));
+    // All three nodes are replicas: the first pops, then no live copy may
+    // be left on the other two.
+    sink.wait_for(1, Duration::from_secs(1) + MARGIN * 2);
+    wait_idle(&all(&nodes), IDLE_WITHIN);
     let pops = sink.pops();
     assert_eq!(pops.len(), 1, "{pops:?}");
 }
@@ -241,26 +294,29 @@ fn net_split_pops_on_both_sides_then_heals_to_single_pops() {
     let replicas = replicas_of(&id, 3, port, 2);
     let (primary, backup) = (replicas[0], replicas[1]);
     assert_ne!(primary, backup);
-    sink.wait_for(1, Duration::from_secs(2) + MARGIN + Duration::from_secs(2));
+    let first = sink.wait_for(1, Duration::from_secs(2) + MARGIN + Duration::from_secs(2));
+    assert!(!first.is_empty(), "the timer popped before the split");
     nodes[primary - 1].signal(libc::SIGSTOP);
     let stopped_at = Instant::now();
     // The backup pops on alone (2 s behind the schedule).
-    let before = sink.pops().len();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sink.pops().len() < before + 2 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        sink.pops().len() >= before + 2,
-        "the backup did not pop during the split"
+    let before = first.len();
+    wait_until(
+        "two pops by the backup during the split",
+        Duration::from_secs(10),
+        || match sink.pops().len() >= before + 2 {
+            true => Ok(()),
+            false => Err(format!("{:?}", sink.pops())),
+        },
     );
     nodes[primary - 1].signal(libc::SIGCONT);
     let resumed = Instant::now();
     assert!(resumed - stopped_at >= Duration::from_secs(3));
-    // Let the healed pair settle: the primary's next pops reach the backup.
-    std::thread::sleep(Duration::from_secs(3 * interval_s));
-    let settled = Instant::now();
-    std::thread::sleep(Duration::from_secs(3 * interval_s));
+    // Until `settled`, pops may still be duplicates: the primary catches up
+    // its missed pops at once, and a pop it replicates late is popped again
+    // by the backup one skew later. Three intervals cover both. The timer
+    // then runs to its end, and no node holds a live copy.
+    let settled = resumed + Duration::from_secs(3 * interval_s);
+    wait_idle(&all(&nodes), Duration::from_secs(repeat_s) + IDLE_WITHIN);
     let pops = sink.pops();
     // During the split, duplicates are allowed and told apart by sequence
     // number; after it, each sequence number pops exactly once.
@@ -275,10 +331,10 @@ fn net_split_pops_on_both_sides_then_heals_to_single_pops() {
             "sequence {seq} popped {count} times after healing: {pops:?}"
         );
     }
-    // No sequence number was skipped over the whole run.
-    let last = *after.keys().max().unwrap();
+    // Every sequence number popped over the whole run, none skipped.
     let seen: std::collections::BTreeSet<u32> = pops.iter().map(|p| p.sequence).collect();
-    assert_eq!(seen.len() as u32, last, "gap in {seen:?}");
+    let want: std::collections::BTreeSet<u32> = (1..=(repeat_s / interval_s) as u32).collect();
+    assert_eq!(seen, want, "pops: {pops:?}");
 }
 
 /// The config of node `i` of the cluster 127.0.0.1-2 with 127.0.0.3 joining.
@@ -355,6 +411,19 @@ fn live(node: &Node) -> f64 {
     node.metric("chronos_timers_pending") - node.metric("chronos_tombstones")
 }
 
+/// Wait until the nodes hold `expected` live copies (a pop in progress
+/// re-places a timer over a few messages).
+fn wait_live(nodes: &[&Node], expected: [f64; 3]) {
+    let what = format!("live copies per node {expected:?}");
+    wait_until(&what, Duration::from_secs(5), || {
+        let got: Vec<f64> = nodes.iter().map(|n| live(n)).collect();
+        match got == expected {
+            true => Ok(()),
+            false => Err(format!("{got:?}")),
+        }
+    });
+}
+
 /// Scale-up by reload (seeds 000/001): two nodes, a third joins, and the two
 /// take the new cluster on SIGHUP. Timers created afterwards are placed over
 /// three nodes; repeating timers created before are re-placed at their next
@@ -390,18 +459,20 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
     assert_eq!(live(&n2), 6.0);
     assert_eq!(live(&n3), 0.0, "node 3 is not in the old cluster");
 
-    // Node 1 (the primary of every repeating timer) reloads more than a pop
-    // interval before node 2: in between, node 1 replicates its pops under
-    // the new view to node 2, still on the old one, which must take them (a
-    // view it never held may be newer) or pop them again 2 s later.
+    // Node 1 (the primary of every repeating timer) reloads a pop of each
+    // repeating timer before node 2: in between, node 1 replicates its pops
+    // under the new view to node 2, still on the old one, which must take
+    // them (a view it never held may be newer) or pop them again 2 s later.
     reload(&n1, &joined_config(1, port));
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_pops_since(&sink, "/r/", 6, 1, Instant::now());
+    n1.wait_replication_settled(Duration::from_secs(5));
     reload(&n2, &joined_config(2, port));
+    let reloaded = Instant::now();
     let fresh: Vec<String> = (0..30)
         .map(|_| n1.create(&body("3600", None, &sink.uri("/fresh"), "f", 2)))
         .collect();
     // Two more pops of every repeating timer (1 s apart), each re-placing it.
-    std::thread::sleep(Duration::from_secs(2) + SKEW + MARGIN);
+    wait_pops_since(&sink, "/r/", 6, 2, reloaded);
     for node in [&n1, &n2, &n3] {
         node.wait_replication_settled(Duration::from_secs(5));
     }
@@ -412,8 +483,9 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
         }
     }
     assert!(expected[2] > 0.0, "the joining node replicates some timer");
-    assert_eq!([live(&n1), live(&n2), live(&n3)], expected);
+    wait_live(&[&n1, &n2, &n3], expected);
     // Exactly once per sequence number, across the reload.
+    wait_pops_since(&sink, "/r/", 6, 2 + DUPLICATE_SHOWS_WITHIN_POPS, reloaded);
     assert_each_sequence_once(&sink.pops(), "/r/");
 }
 
@@ -440,14 +512,14 @@ fn sighup_scale_down_drains_the_leaving_node() {
         );
         reload(node, &config);
     }
-    std::thread::sleep(Duration::from_secs(2) + SKEW + MARGIN);
+    // Two more pops of every timer, each re-placing it.
+    let reloaded = Instant::now();
+    wait_pops_since(&sink, "/d/", 6, 2, reloaded);
     for node in &nodes {
         node.wait_replication_settled(Duration::from_secs(5));
     }
-    assert_eq!(
-        [live(&nodes[0]), live(&nodes[1]), live(&nodes[2])],
-        [6.0, 6.0, 0.0]
-    );
+    wait_live(&all(&nodes), [6.0, 6.0, 0.0]);
+    wait_pops_since(&sink, "/d/", 6, 2 + DUPLICATE_SHOWS_WITHIN_POPS, reloaded);
     assert_each_sequence_once(&sink.pops(), "/d/");
 }
 
@@ -563,6 +635,8 @@ fn a_delete_refused_for_a_while_is_retried_and_the_timer_never_pops() {
     let sink = Sink::start(Behaviour::Ok);
     let nodes = [&_a, &b];
     let id = nodes[0].create(&body("4", None, &sink.uri("/deleted"), "x", 2));
+    // The positive control: the same timer on the same nodes, not deleted.
+    nodes[0].create(&body("4", None, &sink.uri("/kept"), "x", 2));
     nodes[0].wait_replication_settled(Duration::from_secs(5));
     // Take B's only connection slot once A's idle connection is gone (B
     // answers a second connection with 503), then delete through A.
@@ -581,11 +655,30 @@ fn a_delete_refused_for_a_while_is_retried_and_the_timer_never_pops() {
     };
     let r = nodes[0].request("DELETE", &format!("/timers/{id}"), "");
     assert_eq!(r.status, 200);
-    std::thread::sleep(Duration::from_millis(1500));
+    // Hold the slot until B has refused the delete at least once.
+    wait_until(
+        "B to refuse the delete",
+        Duration::from_secs(10),
+        || match nodes[0].metric("chronos_replication_retried_total") {
+            n if n >= 1.0 => Ok(()),
+            n => Err(format!("{n} retried")),
+        },
+    );
     drop(hold);
-    let pops = sink.wait_for(1, Duration::from_secs(4) + SKEW + MARGIN);
-    assert!(pops.is_empty(), "the deleted timer popped: {pops:?}");
-    assert!(nodes[0].metric("chronos_replication_retried_total") >= 1.0);
+    // The retried delete lands, the control pops, and then neither node
+    // holds a live copy: the deleted timer can no longer pop anywhere.
+    nodes[0].wait_replication_settled(Duration::from_secs(10));
+    let pops = sink.wait_for(1, Duration::from_secs(4) + SKEW + MARGIN * 2);
+    assert!(
+        pops.iter().any(|p| p.path == "/kept"),
+        "the control timer popped: {pops:?}"
+    );
+    wait_idle(&nodes, IDLE_WITHIN);
+    let pops = sink.pops();
+    assert!(
+        pops.iter().all(|p| p.path == "/kept"),
+        "the deleted timer popped: {pops:?}"
+    );
     assert_eq!(nodes[0].metric("chronos_replication_failed_total"), 0.0);
 }
 
@@ -607,7 +700,8 @@ fn a_pop_waiting_too_long_for_a_connection_is_left_to_the_backup() {
     );
     let grouped = by_path(&pops);
     assert_eq!(grouped.len(), n, "every timer pops");
-    std::thread::sleep(SKEW);
+    // No live copy left on either node: no duplicate can follow.
+    wait_idle(&all(&nodes), IDLE_WITHIN);
     for (path, list) in by_path(&sink.pops()) {
         assert_eq!(list.len(), 1, "{path} popped {} times", list.len());
     }
@@ -666,8 +760,11 @@ fn a_node_started_after_the_create_pops_on_time() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     // Node 2, the primary, starts 3 s later and learns the timer from the
-    // retried replication or its start-up resync.
-    std::thread::sleep(Duration::from_secs(3));
+    // retried replication or its start-up resync. The delay is the scenario
+    // (no event to wait for): more than the skew, so the old clamp made
+    // the backup pop first, and well inside the 5 s interval. The pop on
+    // time below is its positive control.
+    std::thread::sleep(SKEW + Duration::from_secs(1));
     let _n2 = Node::start_at("127.0.0.2", port, &cluster_config(2, 2, port, 1, ""));
     let pops = sink.wait_for(1, Duration::from_secs(10));
     assert!(!pops.is_empty(), "no pop");

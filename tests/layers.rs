@@ -73,78 +73,80 @@ fn strip(text: &str) -> String {
     let b = text.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
-    let blank = |out: &mut Vec<u8>, c: u8| out.push(if c == b'\n' { b'\n' } else { b' ' });
     while i < b.len() {
-        if b[i..].starts_with(b"//") {
-            while i < b.len() && b[i] != b'\n' {
-                blank(&mut out, b[i]);
-                i += 1;
-            }
+        let end = if b[i..].starts_with(b"//") {
+            Some(
+                b[i..]
+                    .iter()
+                    .position(|c| *c == b'\n')
+                    .map_or(b.len(), |p| i + p),
+            )
         } else if b[i..].starts_with(b"/*") {
-            while i < b.len() && !b[i..].starts_with(b"*/") {
-                blank(&mut out, b[i]);
-                i += 1;
-            }
-            out.extend_from_slice(b"  ");
-            i = (i + 2).min(b.len());
+            Some(find_from(b, i + 2, b"*/").map_or(b.len(), |p| p + 2))
         } else if b[i] == b'r' && (b[i..].starts_with(b"r\"") || b[i..].starts_with(b"r#")) {
-            let hashes = b[i + 1..].iter().take_while(|c| **c == b'#').count();
-            if b.get(i + 1 + hashes) != Some(&b'"') {
+            raw_string_end(b, i)
+        } else if b[i] == b'"' {
+            Some(string_end(b, i))
+        } else if b[i] == b'\'' {
+            char_literal_end(b, i)
+        } else {
+            None
+        };
+        match end {
+            Some(end) => {
+                let end = end.min(b.len());
+                out.extend(b[i..end].iter().map(|&c| if c == b'\n' { c } else { b' ' }));
+                i = end;
+            }
+            None => {
                 out.push(b[i]);
                 i += 1;
-                continue;
             }
-            let mut close = vec![b'"'];
-            close.extend(std::iter::repeat_n(b'#', hashes));
-            let start = i;
-            i += 2 + hashes;
-            while i < b.len() && !b[i..].starts_with(&close) {
-                i += 1;
-            }
-            i = (i + close.len()).min(b.len());
-            for &c in &b[start..i] {
-                blank(&mut out, c);
-            }
-        } else if b[i] == b'"' {
-            let start = i;
-            i += 1;
-            while i < b.len() && b[i] != b'"' {
-                i += if b[i] == b'\\' { 2 } else { 1 };
-            }
-            i = (i + 1).min(b.len());
-            for &c in &b[start..i] {
-                blank(&mut out, c);
-            }
-        } else if b[i] == b'\'' {
-            // A char literal ('x', '\n', '\u{..}') or a lifetime ('a).
-            let end = if b.get(i + 1) == Some(&b'\\') {
-                b[i + 2..]
-                    .iter()
-                    .position(|c| *c == b'\'')
-                    .map(|p| i + 3 + p)
-            } else if b.get(i + 2) == Some(&b'\'') {
-                Some(i + 3)
-            } else {
-                None
-            };
-            match end {
-                Some(end) => {
-                    for &c in &b[i..end] {
-                        blank(&mut out, c);
-                    }
-                    i = end;
-                }
-                None => {
-                    out.push(b[i]);
-                    i += 1;
-                }
-            }
-        } else {
-            out.push(b[i]);
-            i += 1;
         }
     }
     String::from_utf8(out).expect("ASCII blanks keep UTF-8")
+}
+
+/// Where `needle` starts in `b` at or after `from`.
+fn find_from(b: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
+    (from..b.len()).find(|&j| b[j..].starts_with(needle))
+}
+
+/// The end of the raw string `r"..."` or `r#"..."#` at `i` (`None`: an
+/// identifier starting with `r`).
+fn raw_string_end(b: &[u8], i: usize) -> Option<usize> {
+    let hashes = b[i + 1..].iter().take_while(|c| **c == b'#').count();
+    if b.get(i + 1 + hashes) != Some(&b'"') {
+        return None;
+    }
+    let mut close = vec![b'"'];
+    close.extend(std::iter::repeat_n(b'#', hashes));
+    Some(find_from(b, i + 2 + hashes, &close).map_or(b.len(), |p| p + close.len()))
+}
+
+/// The end of the string literal at `i` (escapes skipped).
+fn string_end(b: &[u8], i: usize) -> usize {
+    let mut j = i + 1;
+    while j < b.len() && b[j] != b'"' {
+        j += if b[j] == b'\\' { 2 } else { 1 };
+    }
+    j + 1
+}
+
+/// The end of the char literal at `i` (`'x'`, `'\n'`, `'\u{..}'`), or
+/// `None` for a lifetime (`'a`).
+fn char_literal_end(b: &[u8], i: usize) -> Option<usize> {
+    if b.get(i + 1) == Some(&b'\\') {
+        // The escaped character itself may be a quote: `'\''`.
+        b.get(i + 3..)?
+            .iter()
+            .position(|c| *c == b'\'')
+            .map(|p| i + 4 + p)
+    } else if b.get(i + 2) == Some(&b'\'') {
+        Some(i + 3)
+    } else {
+        None
+    }
 }
 
 fn ident_at(s: &str) -> &str {
@@ -210,16 +212,20 @@ fn long_functions(code: &str) -> Vec<(String, usize, usize)> {
         if name.is_empty() {
             continue;
         }
-        // The body starts at the first `{` before any `;` (a declaration
-        // without a body ends at `;`).
+        // The body starts at the first `{` before any `;` outside brackets
+        // (a declaration without a body ends at `;`; the `;` of an array
+        // type such as `-> [u64; 2]` or `x: [u8; N]` does not).
         let mut depth = 0i32;
+        let mut brackets = 0i32;
         let mut opened = false;
         let mut end = None;
         'scan: for (m, l) in lines.iter().enumerate().skip(n) {
             let from = if m == n { at } else { 0 };
             for c in l[from..].chars() {
                 match c {
-                    ';' if !opened => break 'scan,
+                    '(' | '[' if !opened => brackets += 1,
+                    ')' | ']' if !opened => brackets -= 1,
+                    ';' if !opened && brackets == 0 => break 'scan,
                     '{' => {
                         opened = true;
                         depth += 1;
@@ -314,4 +320,24 @@ fn the_checker_sees_what_it_must() {
     let found = long_functions(&strip(&long));
     assert_eq!(found, [("big".to_string(), 1, 73)]);
     assert!(long_functions(&strip("fn decl(x: u8);\nfn f<'a>(x: &'a str) {}\n")).is_empty());
+    assert_eq!(
+        strip("a('\\'', '\\n', '{', \"}\", 'x) {}"),
+        "a(    ,     ,    ,    , 'x) {}"
+    );
+    // A `;` inside the signature's brackets does not end it (issue 20: a
+    // function returning `[u64; 2]` escaped the rule).
+    for signature in [
+        "fn arr(x: &[u8]) -> [u64; 2] {",
+        "fn arg(x: [u8; 4]) {",
+        "fn gen<const N: usize>(\n    x: [u8; N],\n) -> ([u32; 4], u8) {",
+    ] {
+        let code = format!("fn decl(x: [u8; 4]);\n{signature}\n{body}}}\n");
+        let lines = signature.lines().count() + 72;
+        let name = ident_at(&signature[3..]).to_string();
+        assert_eq!(
+            long_functions(&strip(&code)),
+            [(name, 2, lines)],
+            "{signature}"
+        );
+    }
 }

@@ -19,6 +19,18 @@ use std::time::{Duration, Instant};
 
 const NODES: usize = 3;
 const PORT: u16 = 7253;
+/// How long node 3 stays cut off: the scenario itself, not a wait for
+/// anything (longer than a replication timeout plus the longest reconnect
+/// backoff, so both sides give up on each other and pop alone).
+const SPLIT: Duration = Duration::from_secs(10);
+/// The replica skew (the default).
+const SKEW: Duration = Duration::from_secs(2);
+/// After the heal, a pop may still be duplicated until every queue has
+/// reconnected (at most the longest backoff) and the skewed copies have
+/// heard of the pops (one skew), plus a margin for a loaded machine.
+const HEAL_SETTLES_WITHIN: Duration = Duration::from_millis(
+    chronos::cluster::replicate::BACKOFF_MS_MAX + SKEW.as_millis() as u64 + 1000,
+);
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip")
@@ -128,13 +140,12 @@ impl Drop for Net {
     }
 }
 
-#[test]
-fn a_node_cut_off_for_ten_seconds_pops_on_both_sides_and_loses_nothing() {
-    let net = Net::new();
+/// Node `i` of the cluster, one per namespace.
+fn start_nodes(net: &Net) -> Vec<Node> {
     let members: Vec<String> = (1..=NODES)
         .map(|i| format!("\"{}:{PORT}\"", net.addr(i)))
         .collect();
-    let nodes: Vec<Node> = (1..=NODES)
+    (1..=NODES)
         .map(|i| {
             let config = format!(
                 "[runtime]\ncores = 1\n[cluster]\nlocalhost = \"{}:{PORT}\"\nnode = [{}]\n",
@@ -143,62 +154,94 @@ fn a_node_cut_off_for_ten_seconds_pops_on_both_sides_and_loses_nothing() {
             );
             Node::start_in(Some(&net.ns(i)), &net.addr(i), PORT, &config)
         })
-        .collect();
-    let sink = Sink::start_on(&format!("{}.254", net.subnet), Behaviour::Ok);
-    // Repeating timers on every replica pair: node 3 is primary of some,
-    // backup of others, and uninvolved in the rest.
-    let (timers, interval_s, repeat_s) = (12, 1, 26);
-    for t in 0..timers {
+        .collect()
+}
+
+const TIMERS: usize = 12;
+const INTERVAL_S: u64 = 1;
+const REPEAT_S: u64 = 26;
+
+/// Repeating timers on every replica pair: node 3 is primary of some,
+/// backup of others, and uninvolved in the rest. Returns once each popped.
+fn create_timers(nodes: &[Node], sink: &Sink) {
+    for t in 0..TIMERS {
         let body = format!(
-            r#"{{"timing":{{"interval":{interval_s},"repeat-for":{repeat_s}}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{{"replication-factor":2}}}}"#,
+            r#"{{"timing":{{"interval":{INTERVAL_S},"repeat-for":{REPEAT_S}}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{{"replication-factor":2}}}}"#,
             sink.uri(&format!("/t{t}"))
         );
         nodes[t % 2].create(&body);
     }
-    sink.wait_for(timers, Duration::from_secs(5));
+    wait_until(
+        "every timer to pop before the split",
+        Duration::from_secs(5),
+        || {
+            let paths: BTreeSet<String> = sink.pops().into_iter().map(|p| p.path).collect();
+            match paths.len() == TIMERS {
+                true => Ok(()),
+                false => Err(format!("{paths:?}")),
+            }
+        },
+    );
+}
+
+/// Sequence numbers of one timer popped twice, both times since `since`.
+fn doubled_since(pops: &[Pop], since: Instant) -> usize {
+    let mut seen: BTreeMap<(&str, u32), usize> = BTreeMap::new();
+    for p in pops.iter().filter(|p| p.at >= since) {
+        *seen.entry((&p.path, p.sequence)).or_default() += 1;
+    }
+    seen.values().filter(|&&n| n > 1).count()
+}
+
+/// Cut node 3 off for `SPLIT`, once both sides have popped alone; the
+/// instants of the cut and of the heal.
+fn split_node_3(net: &Net, sink: &Sink) -> (Instant, Instant) {
     net.split(3, "add");
     let cut_at = Instant::now();
-    std::thread::sleep(Duration::from_secs(10));
+    // The positive control of the cut: both sides pop one sequence number.
+    wait_until("a pop on both sides of the split", SPLIT, || {
+        match doubled_since(&sink.pops(), cut_at) > 0 {
+            true => Ok(()),
+            false => Err("no sequence number popped twice yet".into()),
+        }
+    });
+    sleep_until(cut_at + SPLIT);
     net.split(3, "del");
-    let healed_at = Instant::now();
-    // Let the retried replication catch up (backoff at most 2 s), then
-    // watch the pops that follow.
-    std::thread::sleep(Duration::from_secs(5));
-    let settled = Instant::now();
-    let end = Instant::now() + Duration::from_secs(repeat_s as u64) + Duration::from_secs(6);
-    while Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let pops = sink.pops();
+    (cut_at, Instant::now())
+}
+
+/// Every sequence number of every timer popped (nothing lost, nothing
+/// invented), at most twice, and at most once from `settled` on, where
+/// each timer still popped twice or more; the sequence numbers popped by
+/// both sides during the split.
+fn check_pops(pops: &[Pop], cut_at: Instant, healed_at: Instant, settled: Instant) -> usize {
     let mut by_timer: BTreeMap<&str, BTreeMap<u32, Vec<Instant>>> = BTreeMap::new();
-    for p in &pops {
-        by_timer
-            .entry(&p.path)
-            .or_default()
-            .entry(p.sequence)
-            .or_default()
-            .push(p.at);
+    for p in pops {
+        let seqs = by_timer.entry(&p.path).or_default();
+        seqs.entry(p.sequence).or_default().push(p.at);
     }
-    assert_eq!(by_timer.len(), timers, "every timer popped");
+    assert_eq!(by_timer.len(), TIMERS, "every timer popped");
+    let want: BTreeSet<u32> = (1..=(REPEAT_S / INTERVAL_S) as u32).collect();
+    let in_split = |a: &Instant| *a >= cut_at && *a <= healed_at + Duration::from_secs(3);
     let mut doubled_in_split = 0;
     for (path, seqs) in &by_timer {
-        // Nothing lost, no sequence number invented: exactly 1..=26.
         let seen: BTreeSet<u32> = seqs.keys().copied().collect();
-        let want: BTreeSet<u32> = (1..=(repeat_s / interval_s) as u32).collect();
         assert_eq!(seen, want, "{path}: sequences");
+        let after_heal = seqs
+            .values()
+            .filter(|ats| ats.iter().any(|&a| a >= settled));
+        assert!(
+            after_heal.count() >= 2,
+            "{path}: too few pops after the heal"
+        );
         for (seq, ats) in seqs {
-            if ats.len() > 1
-                && ats
-                    .iter()
-                    .all(|&a| a >= cut_at && a <= healed_at + Duration::from_secs(3))
-            {
+            if ats.len() > 1 && ats.iter().all(in_split) {
                 doubled_in_split += 1;
             }
-            let after: Vec<_> = ats.iter().filter(|&&a| a >= settled).collect();
+            let after = ats.iter().filter(|&&a| a >= settled).count();
             assert!(
-                after.len() <= 1,
-                "{path} sequence {seq} popped {} times after the heal",
-                after.len()
+                after <= 1,
+                "{path} sequence {seq} popped {after} times after the heal"
             );
             assert!(
                 ats.len() <= 2,
@@ -207,6 +250,23 @@ fn a_node_cut_off_for_ten_seconds_pops_on_both_sides_and_loses_nothing() {
             );
         }
     }
+    doubled_in_split
+}
+
+#[test]
+fn a_node_cut_off_for_ten_seconds_pops_on_both_sides_and_loses_nothing() {
+    let net = Net::new();
+    let nodes = start_nodes(&net);
+    let sink = Sink::start_on(&format!("{}.254", net.subnet), Behaviour::Ok);
+    create_timers(&nodes, &sink);
+    let (cut_at, healed_at) = split_node_3(&net, &sink);
+    // Pops from `settled` on must be single. The timers run to their end,
+    // and then no node holds a live copy.
+    let settled = healed_at + HEAL_SETTLES_WITHIN;
+    let all: Vec<&Node> = nodes.iter().collect();
+    wait_idle(&all, Duration::from_secs(REPEAT_S + 15));
+    let pops = sink.pops();
+    let doubled_in_split = check_pops(&pops, cut_at, healed_at, settled);
     assert!(
         doubled_in_split > 0,
         "both sides popped during the split: {pops:?}"

@@ -1,92 +1,181 @@
-//! Protection (issue 16) against the real binary: a closed internal API
-//! (`[cluster] shared-secret`), overload control (`[throttling]`, the
-//! reference's token bucket) and per-source connection caps.
+//! Protection (issues 16 and 20) against the real binary: a closed
+//! internal API and admin routes (`[cluster] shared-secret`), overload
+//! control (`[throttling]`, the reference's token bucket) and per-source
+//! connection caps.
 
 mod common;
 
 use common::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::time::{Duration, Instant};
+
+/// The system allocator, counting each thread's allocations: the secret
+/// check must make none per request.
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
 
 const SECRET: &str = "s3cret-of-this-cluster-0123456789";
 
+/// `Authorization` values that must open nothing: none, a wrong secret of
+/// the same length, the bare secret (no scheme), the secret with more
+/// after it.
+fn forged_auths() -> [Option<String>; 4] {
+    [
+        None,
+        Some("Bearer wrong-secret-of-the-same-size-012".into()),
+        Some(SECRET.into()),
+        Some(format!("Bearer {SECRET}0")),
+    ]
+}
+
+fn headers(auth: &Option<String>) -> Vec<(&str, &str)> {
+    auth.as_deref()
+        .map(|a| ("Authorization", a))
+        .into_iter()
+        .collect()
+}
+
+/// A request carrying the shared secret, as the project's own tools send it.
+fn authed(node: &Node, method: &str, path: &str, body: &str) -> Response {
+    let bearer = format!("Bearer {SECRET}");
+    request(
+        node.addr,
+        method,
+        path,
+        &[("Authorization", &bearer)],
+        body.as_bytes(),
+    )
+}
+
+/// One metric from `/metrics`, read with the secret.
+fn metric(node: &Node, name: &str) -> f64 {
+    let r = authed(node, "GET", "/metrics", "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+}
+
+/// `GET /cluster`, read with the secret.
+fn cluster_json(node: &Node) -> serde_json::Value {
+    let r = authed(node, "GET", "/cluster", "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+fn view_id(node: &Node) -> String {
+    cluster_json(node)["cluster-view-id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 fn live(node: &Node) -> f64 {
-    node.metric("chronos_timers_pending") - node.metric("chronos_tombstones")
+    metric(node, "chronos_timers_pending") - metric(node, "chronos_tombstones")
+}
+
+/// Wait until every replication message the node queued was answered or
+/// given up on.
+fn settle(node: &Node) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let queued = metric(node, "chronos_replication_enqueued_total");
+        let done = metric(node, "chronos_replication_sent_total")
+            + metric(node, "chronos_replication_failed_total");
+        if done >= queued {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replication did not settle");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many of `ids` (by their unique half) `text` shows.
+fn shown(text: &str, ids: &[String]) -> usize {
+    ids.iter().filter(|id| text.contains(&id[..16])).count()
 }
 
 /// With a shared secret, forged replication, cross-site and resync
-/// requests get 403 and change nothing, while client requests work and
-/// the cluster replicates and survives a kill.
+/// requests to a node that holds timers get 403 and neither add a timer
+/// nor reveal one (the same listing with the secret does), while client
+/// requests work and the cluster replicates and survives a kill.
 #[test]
 fn a_shared_secret_closes_the_internal_api_and_the_cluster_still_works() {
     let extra = format!("shared-secret = \"{SECRET}\"\n");
     let mut nodes = start_cluster(3, 1, &extra);
     let port = nodes[0].addr.port();
     let sink = Sink::start(Behaviour::Ok);
+    // Seed: client requests need no secret; replication carries it.
+    let created = Instant::now();
+    let ids: Vec<String> = (0..20)
+        .map(|i| nodes[0].create(&timer_body("5", None, &sink.uri(&format!("/t/{i}")), "x")))
+        .collect();
+    nodes.iter().for_each(settle);
+    let live_all = || nodes.iter().map(live).sum::<f64>();
+    assert_eq!(live_all(), 40.0, "two replicas of each");
+    // What node 1 holds with node 2 as a replica (every view), in one page.
+    let listing = format!(
+        "/timers?node-for-replicas=127.0.0.2:{port}&cluster-view-id={}&all-views=true",
+        view_id(&nodes[0])
+    );
+    let control = authed(&nodes[0], "GET", &listing, "");
+    assert_eq!(control.status, 200, "{}", control.text());
+    assert!(shown(&control.text(), &ids) > 0, "{}", control.text());
     let id = "0123456789abcdef0000000000000007";
     let replicas = format!("\"127.0.0.1:{port}\",\"127.0.0.2:{port}\"");
+    let new_timer = |reliability: &str| {
+        format!(
+            r#"{{"timing":{{"interval":1}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{reliability}}}"#,
+            sink.uri("/forged")
+        )
+    };
     let forged = [
         (
             "PUT",
             format!("/timers/{id}"),
-            format!(
-                r#"{{"timing":{{"interval":1}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{{"replicas":[{replicas}]}}}}"#,
-                sink.uri("/forged")
-            ),
+            new_timer(&format!("{{\"replicas\":[{replicas}]}}")),
         ),
         (
             "PUT",
             format!("/timers/{id}"),
-            format!(
-                r#"{{"timing":{{"interval":1}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{{"sites":["elsewhere"]}}}}"#,
-                sink.uri("/forged")
-            ),
+            new_timer(r#"{"sites":["elsewhere"]}"#),
         ),
-        (
-            "GET",
-            format!("/timers?node-for-replicas=127.0.0.1:{port}&cluster-view-id=1"),
-            String::new(),
-        ),
-        (
-            "DELETE",
-            "/timers/references".to_string(),
-            format!(r#"{{"IDs":[{{"ID":"{id}","ReplicaIndex":0}}]}}"#),
-        ),
+        ("GET", listing, String::new()),
     ];
     for (method, path, body) in &forged {
-        for auth in [
-            None,
-            Some("Bearer wrong-secret-of-the-same-size-012"),
-            Some(SECRET),
-        ] {
-            let headers: Vec<(&str, &str)> =
-                auth.map(|a| ("Authorization", a)).into_iter().collect();
-            let r = request(nodes[0].addr, method, path, &headers, body.as_bytes());
+        for auth in &forged_auths() {
+            let r = request(nodes[0].addr, method, path, &headers(auth), body.as_bytes());
             assert_eq!(r.status, 403, "{method} {path} with {auth:?}: {}", r.text());
+            assert!(r.text().contains("shared secret"), "{}", r.text());
+            assert_eq!(shown(&r.text(), &ids), 0, "{}", r.text());
         }
     }
-    assert_eq!(nodes[0].metric("chronos_internal_refused_total"), 12.0);
-    assert_eq!(
-        nodes[0].metric("chronos_timers_pending"),
-        0.0,
-        "nothing forged was stored"
-    );
-    // Client requests need no secret; replication carries it.
-    let created = Instant::now();
-    for i in 0..20 {
-        nodes[0].create(&timer_body("3", None, &sink.uri(&format!("/t/{i}")), "x"));
-    }
-    for node in &nodes {
-        node.wait_replication_settled(Duration::from_secs(5));
-    }
-    assert_eq!(
-        nodes.iter().map(live).sum::<f64>(),
-        40.0,
-        "two replicas of each"
-    );
+    assert_eq!(metric(&nodes[0], "chronos_internal_refused_total"), 12.0);
+    nodes.iter().for_each(settle);
+    assert_eq!(live_all(), 40.0, "nothing forged was stored");
     nodes[0].kill9();
     let pops = sink.wait_for(
         20,
-        (created + Duration::from_secs(9)).saturating_duration_since(Instant::now()),
+        (created + Duration::from_secs(12)).saturating_duration_since(Instant::now()),
     );
     let mut paths: Vec<&str> = pops.iter().map(|p| p.path.as_str()).collect();
     paths.sort_unstable();
@@ -99,6 +188,209 @@ fn a_shared_secret_closes_the_internal_api_and_the_cluster_still_works() {
     );
     assert!(pops.iter().all(|p| !p.path.starts_with("/forged")));
     assert!(!nodes[1].log_text().contains(SECRET) && !nodes[2].log_text().contains(SECRET));
+}
+
+/// `Secret::admits` takes exactly `Bearer <secret>` and allocates nothing
+/// while it compares.
+#[test]
+fn the_secret_check_is_exact_and_allocates_nothing() {
+    let secret = chronos::config::Secret::new(SECRET);
+    let right = format!("Bearer {SECRET}");
+    let longer = format!("{right}0");
+    let last_differs = format!("{}8", &right[..right.len() - 1]);
+    let lower = format!("bearer {SECRET}");
+    let cases: [(Option<&[u8]>, bool); 8] = [
+        (Some(right.as_bytes()), true),
+        (None, false),
+        (Some(b""), false),
+        (Some(SECRET.as_bytes()), false),
+        (Some(&right.as_bytes()[..right.len() - 1]), false),
+        (Some(longer.as_bytes()), false),
+        (Some(last_differs.as_bytes()), false),
+        (Some(lower.as_bytes()), false),
+    ];
+    let mut admitted = [false; 8];
+    let before = ALLOCATIONS.with(Cell::get);
+    for (slot, (header, _)) in admitted.iter_mut().zip(cases) {
+        *slot = secret.admits(header);
+    }
+    let allocations = ALLOCATIONS.with(Cell::get) - before;
+    assert_eq!(allocations, 0, "allocations for 8 checks");
+    assert_eq!(admitted, cases.map(|(_, want)| want));
+}
+
+/// `DELETE /timers/references` can only mark timers held under an older
+/// view: seed a node, let a second node join (the seeded timers are now
+/// old-view, and the joiner is a new replica of each), then forge it for
+/// every seeded timer. Nothing is marked (the joiner's listing still shows
+/// all of them); the same request with the secret marks what it names.
+#[test]
+fn a_forged_references_delete_marks_nothing_on_a_node_holding_timers() {
+    let port = cluster_port(2);
+    let (a, b) = (format!("127.0.0.1:{port}"), format!("127.0.0.2:{port}"));
+    let config = |joining: &str| {
+        format!("[runtime]\ncores = 1\n[cluster]\nlocalhost = \"{a}\"\nnode = [\"{a}\"]\njoining = [{joining}]\nresync-at-start = false\nshared-secret = \"{SECRET}\"\n")
+    };
+    let node = Node::start_at("127.0.0.1", port, &config(""));
+    let sink = Sink::start(Behaviour::Ok);
+    let body = format!(
+        r#"{{"timing":{{"interval":120}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{{"replication-factor":2}}}}"#,
+        sink.uri("/t")
+    );
+    let ids: Vec<String> = (0..10).map(|_| node.create(&body)).collect();
+    let before = view_id(&node);
+    std::fs::write(node.config_path(), config(&format!("\"{b}\""))).unwrap();
+    node.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while view_id(&node) == before {
+        assert!(Instant::now() < deadline, "no reload:\n{}", node.log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let listing = format!(
+        "/timers?node-for-replicas={b}&cluster-view-id={}",
+        view_id(&node)
+    );
+    let listed = || {
+        let r = authed(&node, "GET", &listing, "");
+        assert_eq!(r.status, 200, "{}", r.text());
+        shown(&r.text(), &ids)
+    };
+    assert_eq!(listed(), 10, "the joiner is told of every seeded timer");
+    let references = |ids: &[String]| {
+        let entries: Vec<String> = ids
+            .iter()
+            .map(|id| format!(r#"{{"ID":"{id}","ReplicaIndex":0}}"#))
+            .collect();
+        format!(r#"{{"IDs":[{}]}}"#, entries.join(","))
+    };
+    for auth in &forged_auths() {
+        let r = request(
+            node.addr,
+            "DELETE",
+            "/timers/references",
+            &headers(auth),
+            references(&ids).as_bytes(),
+        );
+        assert_eq!(r.status, 403, "with {auth:?}: {}", r.text());
+        assert!(r.text().contains("shared secret"), "{}", r.text());
+    }
+    assert_eq!(metric(&node, "chronos_internal_refused_total"), 4.0);
+    assert_eq!(metric(&node, "chronos_resync_references_total"), 0.0);
+    assert_eq!(listed(), 10, "a forged DELETE marked nothing");
+    assert_eq!(live(&node), 10.0);
+    // Control: with the secret it marks the timers it names.
+    let r = authed(
+        &node,
+        "DELETE",
+        "/timers/references",
+        &references(&ids[..4]),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(metric(&node, "chronos_resync_references_total"), 4.0);
+    assert_eq!(listed(), 6, "the four marked are no longer listed");
+}
+
+/// With a shared secret, the admin routes (`/resync`, `/cluster`,
+/// `/metrics`) answer 403 with the reason, counted, to a request without
+/// it or with another, and do nothing (no resync run starts); with it they
+/// work. `/ping` and `/ready` stay open for health checks.
+#[test]
+fn with_a_shared_secret_the_admin_routes_need_it_and_health_checks_stay_open() {
+    let node = Node::start(&format!(
+        "[runtime]\ncores = 1\n[cluster]\nresync-at-start = false\nshared-secret = \"{SECRET}\"\n"
+    ));
+    let runs = |n: &Node| cluster_json(n)["resync"]["started-runs"].as_u64().unwrap();
+    let before = runs(&node);
+    let admin = [
+        ("POST", "/resync"),
+        ("POST", "/resync?all-views=true"),
+        ("GET", "/cluster"),
+        ("GET", "/metrics"),
+    ];
+    for (method, path) in admin {
+        for auth in &forged_auths() {
+            let r = request(node.addr, method, path, &headers(auth), b"");
+            let text = r.text();
+            assert_eq!(r.status, 403, "{method} {path} with {auth:?}: {text}");
+            assert!(text.contains("shared secret"), "{text}");
+            assert!(
+                !text.contains("instance-id") && !text.contains("chronos_"),
+                "{text}"
+            );
+        }
+    }
+    assert_eq!(metric(&node, "chronos_internal_refused_total"), 16.0);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(runs(&node), before, "a forged POST /resync started no run");
+    // With the secret: the next run is the first one since.
+    let r = authed(&node, "POST", "/resync", "");
+    assert_eq!(r.status, 202, "{}", r.text());
+    let answer: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(answer["run"].as_u64(), Some(before + 1), "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster_json(&node)["resync"]["finished-runs"].as_u64() < Some(before + 1) {
+        assert!(Instant::now() < deadline, "the run did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = authed(&node, "GET", "/metrics", "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("chronos_timers_pending"), "{}", r.text());
+    for (method, path) in [("GET", "/ping"), ("HEAD", "/ping"), ("GET", "/ready")] {
+        let r = node.request(method, path, "");
+        assert_eq!(r.status, 200, "{method} {path}: {}", r.text());
+    }
+    assert_eq!(metric(&node, "chronos_internal_refused_total"), 16.0);
+}
+
+/// Without a shared secret nothing changes: the admin routes answer
+/// without `Authorization` (and ignore one), nothing is refused.
+#[test]
+fn without_a_shared_secret_the_admin_routes_stay_open() {
+    let node = Node::start("[runtime]\ncores = 1\n");
+    for auth in [None, Some("Bearer anything-at-all".to_string())] {
+        let get = |path: &str| request(node.addr, "GET", path, &headers(&auth), b"");
+        let r = get("/cluster");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.text().contains("instance-id"), "{}", r.text());
+        let r = get("/metrics");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.text().contains("chronos_timers_pending"), "{}", r.text());
+        assert_eq!(get("/ping").status, 200);
+        assert_eq!(get("/ready").status, 200);
+        let r = request(node.addr, "POST", "/resync", &headers(&auth), b"");
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    assert_eq!(node.metric("chronos_internal_refused_total"), 0.0);
+}
+
+/// `chronos resync` takes the secret from the node's config file
+/// (`--config`, as the service itself): without it the node refuses it.
+#[test]
+fn chronos_resync_sends_the_secret_from_the_config() {
+    let node = Node::start(&format!(
+        "[runtime]\ncores = 1\n[cluster]\nresync-at-start = false\nshared-secret = \"{SECRET}\"\n"
+    ));
+    let cli = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_chronos"))
+            .args(["resync", "--wait", "--address", &node.addr.to_string()])
+            .args(extra)
+            .env_remove("CHRONOS_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let out = cli(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("403"), "{stderr}");
+    let config = node.config_path();
+    let out = cli(&["--config", config.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("complete"));
 }
 
 /// With a low token rate, a flood of `POST`s gets both 200s and 503s with

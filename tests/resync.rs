@@ -135,9 +135,10 @@ fn create_timers(node: &Node, sink: &Sink) -> Instant {
     created
 }
 
-/// Every timer popped exactly once (a duplicate or a missing pop fails).
-fn assert_popped_once(sink: &Sink, created: Instant) {
-    for p in assert_popped_once_among(sink, created, "/t/") {
+/// Every timer popped exactly once (a duplicate or a missing pop fails);
+/// `nodes` are the nodes still running.
+fn assert_popped_once(sink: &Sink, created: Instant, nodes: &[&Node]) {
+    for p in assert_popped_once_among(sink, created, "/t/", TIMERS, nodes) {
         assert!(p.at >= created + Duration::from_secs(INTERVAL_S), "early");
     }
 }
@@ -242,7 +243,7 @@ fn scale_up_two_to_four() {
         "the new nodes hold timers"
     );
     assert!(nodes[2].metric("chronos_resync_added_total") > 0.0);
-    assert_popped_once(&sink, created);
+    assert_popped_once(&sink, created, &nodes.iter().collect::<Vec<_>>());
 }
 
 /// 4 → 2, then the two leavers are killed: every timer still pops once.
@@ -264,7 +265,7 @@ fn scale_down_four_to_two_then_kill_the_leavers() {
     nodes[2].kill9();
     nodes[3].kill9();
     assert_eq!(live(&nodes[0]) + live(&nodes[1]), 2.0 * TIMERS as f64);
-    assert_popped_once(&sink, created);
+    assert_popped_once(&sink, created, &[&nodes[0], &nodes[1]]);
 }
 
 /// 2 → 4, then the original two leave (4 → 2 onto the new nodes) and are
@@ -291,7 +292,7 @@ fn scale_up_then_the_original_two_leave() {
     nodes[0].kill9();
     nodes[1].kill9();
     assert_eq!(live(&nodes[2]) + live(&nodes[3]), 2.0 * TIMERS as f64);
-    assert_popped_once(&sink, created);
+    assert_popped_once(&sink, created, &[&nodes[2], &nodes[3]]);
 }
 
 /// 1 → 2, then the original is killed: timers created on one node with
@@ -309,7 +310,7 @@ fn scale_up_one_to_two_then_kill_the_original() {
     second.wait_replication_settled(Duration::from_secs(5));
     assert_eq!(live(&second), TIMERS as f64, "node 2 holds every timer");
     first.kill9();
-    assert_popped_once(&sink, created);
+    assert_popped_once(&sink, created, &[&second]);
 }
 
 /// Beyond the reference: a node killed and restarted takes its replicas
@@ -343,7 +344,7 @@ fn a_restarted_node_takes_its_timers_back() {
     }
     assert_eq!(live(&second), TIMERS as f64, "node 2 restored every timer");
     first.kill9();
-    assert_popped_once(&sink, created);
+    assert_popped_once(&sink, created, &[&second]);
 }
 
 /// A resync while timers are created (under the new view) and deleted on
@@ -392,8 +393,10 @@ fn a_resync_under_creates_and_deletes_loses_nothing_and_pops_nothing_deleted() {
     });
     assert!(churn > 10, "only {churn} timers churned");
     drop(repeating);
-    assert_popped_once_among(&sink, created, "/t/");
-    std::thread::sleep(Duration::from_secs(4));
+    // The positive controls: the "/t/" timers pop once each, and the
+    // repeating ones all their pops, from when no node holds a live copy
+    // any more: a deleted timer can no longer pop either.
+    assert_popped_once_among(&sink, created, "/t/", TIMERS, &[&n1, &n2, &n3]);
     let pops = sink.pops();
     let gone: Vec<_> = pops
         .iter()
@@ -411,9 +414,16 @@ fn a_resync_under_creates_and_deletes_loses_nothing_and_pops_nothing_deleted() {
     }
 }
 
-/// Every timer called back under `prefix` popped exactly once (a
-/// duplicate or a missing pop fails); the successful pops.
-fn assert_popped_once_among(sink: &Sink, created: Instant, prefix: &str) -> Vec<Pop> {
+/// Each of the `count` timers called back under `prefix` popped exactly
+/// once (a duplicate or a missing pop fails), checked once the running
+/// `nodes` hold no live copy of any timer; the successful pops.
+fn assert_popped_once_among(
+    sink: &Sink,
+    created: Instant,
+    prefix: &str,
+    count: usize,
+    nodes: &[&Node],
+) -> Vec<Pop> {
     let deadline = created + POP_WITHIN;
     loop {
         let n = sink
@@ -421,13 +431,13 @@ fn assert_popped_once_among(sink: &Sink, created: Instant, prefix: &str) -> Vec<
             .iter()
             .filter(|p| p.path.starts_with(prefix))
             .count();
-        if n >= TIMERS || Instant::now() > deadline {
+        if n >= count || Instant::now() > deadline {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Room for a late duplicate to show itself.
-    std::thread::sleep(Duration::from_secs(3));
+    // No late duplicate can follow once no copy is left to pop it.
+    wait_pops_done(nodes, Duration::from_secs(30));
     let pops: Vec<Pop> = sink
         .pops()
         .into_iter()
@@ -439,7 +449,7 @@ fn assert_popped_once_among(sink: &Sink, created: Instant, prefix: &str) -> Vec<
     }
     let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "popped more than once: {twice:?}");
-    assert_eq!(per.len(), TIMERS, "{} of {TIMERS} popped", per.len());
+    assert_eq!(per.len(), count, "{} of {count} popped", per.len());
     pops
 }
 
@@ -454,13 +464,15 @@ fn timers_moved_by_a_resync_then_deleted_with_their_old_ids_never_pop() {
     let n2 = start(2, port, &[1, 2], &[], &[]);
     let n3 = start(3, port, &[1, 2], &[3], &[]);
     let created = Instant::now();
-    let ids: Vec<String> = (0..30)
+    // Every other timer is kept: the positive control, created, moved and
+    // held like the deleted ones, must pop once each.
+    let ids: Vec<String> = (0..60)
         .map(|i| {
-            n1.create(&timer(
-                &sink.uri(&format!("/d/{i}")),
-                INTERVAL_S,
-                INTERVAL_S,
-            ))
+            let path = match i % 2 {
+                0 => format!("/d/{i}"),
+                _ => format!("/k/{i}"),
+            };
+            n1.create(&timer(&sink.uri(&path), INTERVAL_S, INTERVAL_S))
         })
         .collect();
     settle([&n1]);
@@ -471,7 +483,7 @@ fn timers_moved_by_a_resync_then_deleted_with_their_old_ids_never_pop() {
     }
     settle([&n1, &n2, &n3]);
     assert!(live(&n3) > 0.0, "the resync moved timers to node 3");
-    for id in &ids {
+    for id in ids.iter().step_by(2) {
         assert_eq!(
             n2.request("DELETE", &format!("/timers/{id}"), "").status,
             200
@@ -481,11 +493,16 @@ fn timers_moved_by_a_resync_then_deleted_with_their_old_ids_never_pop() {
         Instant::now() < created + Duration::from_secs(INTERVAL_S),
         "slower than the interval"
     );
-    std::thread::sleep((created + POP_WITHIN).saturating_duration_since(Instant::now()));
+    settle([&n1, &n2, &n3]);
+    assert!(live(&n3) > 0.0, "node 3 holds moved control timers");
+    // The controls pop, and then no node holds a live copy of any timer:
+    // a deleted one can no longer pop.
+    assert_popped_once_among(&sink, created, "/k/", 30, &[&n1, &n2, &n3]);
     let pops = sink.pops();
-    assert!(
-        pops.is_empty(),
-        "deleted timers popped: {:?}",
-        pops.iter().map(|p| &p.path).collect::<Vec<_>>()
-    );
+    let deleted: Vec<&str> = pops
+        .iter()
+        .filter(|p| p.path.starts_with("/d/"))
+        .map(|p| p.path.as_str())
+        .collect();
+    assert!(deleted.is_empty(), "deleted timers popped: {deleted:?}");
 }

@@ -75,6 +75,52 @@ fn per_path(sink: &Sink) -> BTreeMap<String, usize> {
     per
 }
 
+/// `Ok` when `node` can pop nothing more and has handed every cross-site
+/// message it queued to its site (or given up on it).
+fn site_node_idle(node: &Node) -> Result<(), String> {
+    node_idle(node)?;
+    let text = node.request("GET", "/metrics", "").text();
+    let sum = |outcome: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("chronos_site_replication_total")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let (queued, done) = (
+        sum("enqueued"),
+        sum("sent") + sum("failed") + sum("dropped"),
+    );
+    match done >= queued {
+        true => Ok(()),
+        false => Err(format!(
+            "{}: {done} of {queued} cross-site messages done",
+            node.addr
+        )),
+    }
+}
+
+/// Wait until no node of `nodes` can pop again, seen on two polls in a
+/// row (a message in flight between sites has landed by then).
+fn wait_sites_idle(nodes: &[&Node]) {
+    let mut idle_before = false;
+    wait_until("every site to be idle", Duration::from_secs(30), || {
+        let busy: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| site_node_idle(n).err())
+            .collect();
+        let idle_twice = busy.is_empty() && idle_before;
+        idle_before = busy.is_empty();
+        match (idle_twice, busy.is_empty()) {
+            (true, _) => Ok(()),
+            (false, true) => Err("idle once".into()),
+            (false, false) => Err(busy.join("; ")),
+        }
+    });
+}
+
 /// Wait until `node` has handed every cross-site message to its site.
 fn wait_sites_settled(node: &Node) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -127,7 +173,8 @@ fn two_sites_without_failure_pop_every_timer_once() {
     );
     let wait = Duration::from_secs(INTERVAL_S) + SITE_SKEW + MARGIN;
     sink.wait_for(100, wait.saturating_sub(created.elapsed()));
-    std::thread::sleep(SITE_SKEW);
+    // No live copy left at either site: no duplicate can follow.
+    wait_sites_idle(&nodes.iter().collect::<Vec<_>>());
     let per = per_path(&sink);
     assert_eq!(per.len(), 100, "{} of 100 popped", per.len());
     let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
@@ -175,13 +222,18 @@ fn four_sites_three_killed_the_survivor_pops_all_within_19_s() {
     assert_eq!(per.len(), 100, "{} of 100 popped within 19 s", per.len());
 }
 
-/// Timers created at both sites and deleted at the other one: no pops.
+/// Timers created at both sites and deleted at the other one: no pops,
+/// while a timer created with them at each site and not deleted (the
+/// positive control) pops once.
 #[test]
 fn timers_deleted_at_the_other_site_pop_nowhere() {
     let nodes = single_node_sites(2, true);
     let sink = Sink::start(Behaviour::Ok);
+    let created = Instant::now();
     let ids_a = create(&nodes[0], &sink, "/a", 50);
+    create(&nodes[0], &sink, "/kept-a", 1);
     let ids_b = create(&nodes[1], &sink, "/b", 50);
+    create(&nodes[1], &sink, "/kept-b", 1);
     wait_sites_settled(&nodes[0]);
     wait_sites_settled(&nodes[1]);
     for (ids, other) in [(&ids_a, &nodes[1]), (&ids_b, &nodes[0])] {
@@ -192,11 +244,16 @@ fn timers_deleted_at_the_other_site_pop_nowhere() {
             );
         }
     }
-    std::thread::sleep(Duration::from_secs(INTERVAL_S) + SITE_SKEW + MARGIN);
-    assert!(
-        sink.pops().is_empty(),
-        "deleted timers popped: {:?}",
-        per_path(&sink)
+    let due = Duration::from_secs(INTERVAL_S) + MARGIN;
+    sink.wait_for(2, due.saturating_sub(created.elapsed()));
+    // Then neither site holds a live copy: no deleted timer can pop.
+    wait_sites_idle(&[&nodes[0], &nodes[1]]);
+    let per = per_path(&sink);
+    let kept: Vec<(&str, usize)> = per.iter().map(|(p, n)| (p.as_str(), *n)).collect();
+    assert_eq!(
+        kept,
+        [("/kept-a/0", 1), ("/kept-b/0", 1)],
+        "only the kept timers popped, once each"
     );
 }
 
@@ -206,10 +263,14 @@ fn timers_deleted_at_the_other_site_pop_nowhere() {
 fn without_replication_across_sites_each_site_pops_its_own() {
     let mut nodes = single_node_sites(2, false);
     let sink = Sink::start(Behaviour::Ok);
+    let created = Instant::now();
     create(&nodes[0], &sink, "/a", 25);
     create(&nodes[1], &sink, "/b", 25);
     nodes[1].kill9();
-    std::thread::sleep(Duration::from_secs(INTERVAL_S) + SITE_SKEW + MARGIN);
+    let due = Duration::from_secs(INTERVAL_S) + MARGIN;
+    sink.wait_for(25, due.saturating_sub(created.elapsed()));
+    // Then site 1 holds nothing more that could pop (site 2 is dead).
+    wait_sites_idle(&[&nodes[0]]);
     let per = per_path(&sink);
     assert_eq!(per.len(), 25, "{per:?}");
     assert!(per.keys().all(|p| p.starts_with("/a/")), "{per:?}");

@@ -12,7 +12,11 @@
 //! | `/ready`              | `GET`, `HEAD`     |
 //! | `/metrics`            | `GET`             |
 //!
-//! Every error carries its reason in the body.
+//! With `[cluster] shared-secret`, the internal API (replication and
+//! cross-site `PUT`s, the resync `GET` and `DELETE`) and the admin routes
+//! (`/cluster`, `/resync`, `/metrics`) need `Authorization: Bearer
+//! <secret>`; `/ping`, `/ready` and the client API stay open. Every error
+//! carries its reason in the body.
 
 use crate::http::server::Handler;
 use crate::http::{uri, write_response, Method, Request};
@@ -54,6 +58,9 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
     let shard = &*api.shard;
     match req.path {
         "/timers" => timers(&api.shard, req, out, close).await,
+        "/cluster" | "/resync" | "/metrics" if !authorized(shard, req) => {
+            forbidden(shard, ADMIN_REFUSED, out, close)
+        }
         "/cluster" => match req.method {
             Method::Get => json(out, 200, &shard.cluster_report(), close),
             _ => not_allowed(out, "GET", close),
@@ -62,7 +69,9 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             Method::Post => resync(shard, req, out, close).await,
             _ => not_allowed(out, "POST", close),
         },
-        "/timers/references" if !internal_allowed(shard, req) => forbidden(shard, out, close),
+        "/timers/references" if !authorized(shard, req) => {
+            forbidden(shard, INTERNAL_REFUSED, out, close)
+        }
         "/timers/references" => match req.method {
             Method::Delete => match shard.resync_references(req.body).await {
                 Ok(_) => {
@@ -147,7 +156,7 @@ async fn timers(shard: &Rc<Shard>, req: &Request<'_>, out: &mut Vec<u8>, close: 
             }
             Err(reason) => error(out, 400, &reason, close),
         },
-        Method::Get if !internal_allowed(shard, req) => forbidden(shard, out, close),
+        Method::Get if !authorized(shard, req) => forbidden(shard, INTERNAL_REFUSED, out, close),
         Method::Get => match shard.resync_query(req.query, req.range) {
             Ok(q) => {
                 let (status, count, body) = shard.resync_get(q).await;
@@ -185,8 +194,8 @@ async fn timer(
     };
     match req.method {
         Method::Put => match spec::parse(req.body, uri::check) {
-            Ok(s) if s.replication.is_some() && !internal_allowed(shard, req) => {
-                forbidden(shard, out, close)
+            Ok(s) if s.replication.is_some() && !authorized(shard, req) => {
+                forbidden(shard, INTERNAL_REFUSED, out, close)
             }
             Ok(s)
                 if s.replication
@@ -223,9 +232,17 @@ async fn timer(
     }
 }
 
-/// Whether an internal request (replication, cross-site, resync) may
-/// proceed: always without `[cluster] shared-secret`, else only with it.
-fn internal_allowed(shard: &Shard, req: &Request<'_>) -> bool {
+/// Why an internal request got `403`.
+const INTERNAL_REFUSED: &str =
+    "internal API: missing or wrong shared secret (Authorization: Bearer <[cluster] shared-secret>)";
+
+/// Why an admin request got `403`.
+const ADMIN_REFUSED: &str = "admin API (/cluster, /resync, /metrics): missing or wrong shared secret (Authorization: Bearer <[cluster] shared-secret>)";
+
+/// Whether an internal (replication, cross-site, resync) or admin
+/// (`/cluster`, `/resync`, `/metrics`) request may proceed: always without
+/// `[cluster] shared-secret`, else only with it. Allocates nothing.
+fn authorized(shard: &Shard, req: &Request<'_>) -> bool {
     match &shard.resolved.config.cluster.shared_secret {
         None => true,
         Some(secret) => secret.admits(req.authorization),
@@ -239,15 +256,11 @@ fn overloaded(out: &mut Vec<u8>, close: bool) -> u16 {
     503
 }
 
-/// `403` for an internal request without the shared secret; counted.
-fn forbidden(shard: &Shard, out: &mut Vec<u8>, close: bool) -> u16 {
+/// `403` for an internal or admin request without the shared secret,
+/// with `reason`; counted (`chronos_internal_refused_total`).
+fn forbidden(shard: &Shard, reason: &str, out: &mut Vec<u8>, close: bool) -> u16 {
     crate::stats::ShardStats::add(&shard.my_stats().internal_refused, 1);
-    error(
-        out,
-        403,
-        "internal API: missing or wrong shared secret (Authorization: Bearer ...)",
-        close,
-    )
+    error(out, 403, reason, close)
 }
 
 fn ready(api: &Api, method: Method, out: &mut Vec<u8>, close: bool) -> u16 {

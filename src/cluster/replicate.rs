@@ -23,6 +23,7 @@
 //! conflict rules discard what a later message superseded.
 
 use crate::http::client::Client;
+use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::runtime::notify::Notify;
 use crate::stats::ShardStats;
@@ -34,11 +35,16 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The most a replication request's head takes (request line, `Host`
-/// with a peer address, content type and length).
+/// The most a replication request's head takes besides the peer address
+/// in `Host` and the `Authorization` value (request line, content type
+/// and length, header names).
 const REQUEST_HEAD_BYTES_MAX: usize = 256;
+/// Bytes the `start-time-delta` value takes in a queued body: an `i64`
+/// with its sign, padded with spaces (JSON whitespace) so that the sender
+/// can rewrite it in place when the message actually goes out.
+const DELTA_WIDTH: usize = 20;
 /// Bytes per pipelined write (a batch closes once it reaches this), so
 /// that the batch in flight, outside the queue's count, stays small too.
 pub const SEGMENT_BYTES_MAX: usize = 1024 * 1024;
@@ -149,6 +155,25 @@ fn write_json_str(out: &mut Vec<u8>, s: &str) {
 
 /// The JSON body of a replication `PUT`.
 pub fn encode_body(out: &mut Vec<u8>, b: &Body<'_>) {
+    encode(out, b, false);
+}
+
+/// The JSON body with `start-time-delta` in a fixed-width field; returns
+/// where the field's value starts in `out` (see [`write_delta`]).
+pub fn encode_body_patchable(out: &mut Vec<u8>, b: &Body<'_>) -> usize {
+    encode(out, b, true).expect("a patchable body has the field")
+}
+
+/// Write `delta_ms` over the `DELTA_WIDTH` bytes of a patchable field.
+pub fn write_delta(field: &mut [u8], delta_ms: i64) {
+    assert_eq!(field.len(), DELTA_WIDTH);
+    let mut text = [b' '; DELTA_WIDTH];
+    let mut cursor = std::io::Cursor::new(&mut text[..]);
+    write!(cursor, "{delta_ms}").expect("an i64 fits 20 bytes");
+    field.copy_from_slice(&text);
+}
+
+fn encode(out: &mut Vec<u8>, b: &Body<'_>, patchable: bool) -> Option<usize> {
     out.extend_from_slice(b"{\"timing\":{\"interval\":");
     write_seconds(out, b.interval_ms);
     out.extend_from_slice(b",\"repeat-for\":");
@@ -156,10 +181,18 @@ pub fn encode_body(out: &mut Vec<u8>, b: &Body<'_>) {
     if let Some(ms) = b.start_time_unix_ms {
         let _ = write!(out, ",\"start-time\":{}", ms % u32::MAX as u64);
     }
+    out.extend_from_slice(b",\"start-time-delta\":");
+    let delta_at = out.len();
+    if patchable {
+        out.resize(delta_at + DELTA_WIDTH, b' ');
+        write_delta(&mut out[delta_at..], b.start_time_delta_ms);
+    } else {
+        let _ = write!(out, "{}", b.start_time_delta_ms);
+    }
     let _ = write!(
         out,
-        ",\"start-time-delta\":{},\"sequence-number\":{},\"version\":{}}},\"callback\":",
-        b.start_time_delta_ms, b.sequence, b.version_us
+        ",\"sequence-number\":{},\"version\":{}}},\"callback\":",
+        b.sequence, b.version_us
     );
     if b.uri.is_empty() {
         out.extend_from_slice(b"{}");
@@ -203,24 +236,76 @@ pub fn encode_body(out: &mut Vec<u8>, b: &Body<'_>) {
         out.extend_from_slice(b"]}");
     }
     out.push(b'}');
+    patchable.then_some(delta_at)
 }
 
-/// One contiguous run of encoded requests.
+/// One queued request's place in its segment and what the sender needs
+/// to know of it when it goes out.
+#[derive(Clone, Copy, Debug)]
+struct Message {
+    /// Where the request ends in the segment's bytes.
+    end: u32,
+    /// Where its `start-time-delta` value starts (relative to the
+    /// request's first byte), rewritten at each send.
+    delta_at: u32,
+    /// The timer's start, engine-clock ms (the delta is counted from it).
+    start_ms: u64,
+    /// Engine-clock ms it was first queued: past `deliver_within` it is
+    /// given up, never sent (a tombstone may no longer stop it).
+    born_ms: u64,
+}
+
+/// One contiguous run of encoded requests, oldest first.
 struct Segment {
     bytes: Vec<u8>,
-    count: usize,
-    /// Where each request ends in `bytes` (`count` entries).
-    ends: Vec<u32>,
-    /// When its first request was queued: the age of its oldest message.
-    created: Instant,
+    /// One per request, in order (at most `BATCH_MAX`).
+    messages: Vec<Message>,
 }
 
 impl Segment {
+    fn count(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Where request `i` starts in `bytes`.
+    fn start_of(&self, i: usize) -> usize {
+        assert!(i < self.count());
+        if i == 0 {
+            0
+        } else {
+            self.messages[i - 1].end as usize
+        }
+    }
+
     /// Request `i`'s bytes.
     fn request(&self, i: usize) -> &[u8] {
-        assert!(i < self.count && self.ends.len() == self.count);
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.bytes[start..self.ends[i] as usize]
+        &self.bytes[self.start_of(i)..self.messages[i].end as usize]
+    }
+
+    /// Drop the first `n` requests (the oldest).
+    fn drop_front(&mut self, n: usize) {
+        assert!(n <= self.count());
+        if n == 0 {
+            return;
+        }
+        let cut = self.messages[n - 1].end;
+        self.bytes.drain(..cut as usize);
+        self.messages.drain(..n);
+        for m in &mut self.messages {
+            m.end -= cut;
+        }
+    }
+
+    /// Rewrite every request's `start-time-delta` as seen from `now_ms`:
+    /// a message sent later than it was queued still starts the timer
+    /// when it started.
+    fn restamp(&mut self, now_ms: u64) {
+        for i in 0..self.count() {
+            let m = self.messages[i];
+            let at = self.start_of(i) + m.delta_at as usize;
+            let delta_ms = m.start_ms as i64 - now_ms as i64;
+            write_delta(&mut self.bytes[at..at + DELTA_WIDTH], delta_ms);
+        }
     }
 }
 
@@ -355,34 +440,63 @@ impl Replicator {
         })
     }
 
+    /// Whether a message of about `body_bytes` would be queued for every
+    /// peer in `mask` now (a client operation that no local copy backs
+    /// is refused rather than dropped).
+    pub fn can_queue(&self, mask: u64, body_bytes: usize) -> bool {
+        let peers = self.peers.borrow();
+        let c = &self.config;
+        let mut rest = mask;
+        while rest != 0 {
+            let i = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            let Some(p) = peers.get(i) else {
+                return false;
+            };
+            let bytes = body_bytes + self.head_allowance(p);
+            if p.queued.get() >= c.queue_max || p.queued_bytes.get() + bytes > c.queue_bytes_max {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The most a request head to `p` takes.
+    fn head_allowance(&self, p: &Peer) -> usize {
+        let auth = self.config.authorization.map_or(0, |a| a.len() + 17);
+        REQUEST_HEAD_BYTES_MAX + p.address.len() + auth
+    }
+
     /// Queue a replication `PUT /timers/<id>` to `peer`. Never waits: a
-    /// full queue drops the message (counted).
-    pub fn send(&self, peer: usize, id: TimerId, body: &Body<'_>) {
+    /// full queue drops the message (counted); `false` then.
+    pub fn send(&self, peer: usize, id: TimerId, body: &Body<'_>) -> bool {
         let peers = self.peers.borrow();
         let Some(p) = peers.get(peer) else {
             // Not a peer of the current view (a reload raced the caller).
             count(self.stats(), None, Count::Dropped, 1);
-            return;
+            return false;
         };
         if p.queued.get() >= self.config.queue_max {
             count(self.stats(), Some(p), Count::Dropped, 1);
-            return;
+            return false;
         }
         let mut scratch = self.scratch.borrow_mut();
         scratch.clear();
-        encode_body(&mut scratch, body);
+        let delta_at = encode_body_patchable(&mut scratch, body);
+        let now_ms = clock::now_ms();
+        let start_ms = (now_ms as i64 + body.start_time_delta_ms).max(0) as u64;
         // The body plus at most this much head.
         let auth = self.config.authorization;
-        let bytes = scratch.len() + REQUEST_HEAD_BYTES_MAX + auth.map_or(0, |a| a.len() + 17);
+        let bytes = scratch.len() + self.head_allowance(p);
         if p.queued_bytes.get() + bytes > self.config.queue_bytes_max {
             count(self.stats(), Some(p), Count::Dropped, 1);
-            return;
+            return false;
         }
         count(self.stats(), Some(p), Count::Enqueued, 1);
         let mut segments = p.segments.borrow_mut();
         if segments
             .back()
-            .is_none_or(|s| s.count >= BATCH_MAX || s.bytes.len() >= SEGMENT_BYTES_MAX)
+            .is_none_or(|s| s.count() >= BATCH_MAX || s.bytes.len() >= SEGMENT_BYTES_MAX)
         {
             let bytes = p
                 .spare
@@ -391,9 +505,7 @@ impl Replicator {
                 .unwrap_or_else(|| Vec::with_capacity(64 * 1024));
             segments.push_back(Segment {
                 bytes,
-                count: 0,
-                ends: Vec::with_capacity(BATCH_MAX),
-                created: Instant::now(),
+                messages: Vec::with_capacity(BATCH_MAX),
             });
         }
         let seg = segments.back_mut().expect("just ensured");
@@ -411,19 +523,25 @@ impl Replicator {
             let _ = write!(out, "Authorization: {value}\r\n");
         }
         out.extend_from_slice(b"\r\n");
+        let body_at = out.len() - before;
         out.extend_from_slice(&scratch);
         assert!(out.len() - before <= bytes, "the head fits its allowance");
-        seg.ends.push(out.len() as u32);
-        seg.count += 1;
+        seg.messages.push(Message {
+            end: out.len() as u32,
+            delta_at: (body_at + delta_at) as u32,
+            start_ms,
+            born_ms: now_ms,
+        });
         set_queued(self.stats(), p, p.queued.get() + 1);
         p.queued_bytes
             .set(p.queued_bytes.get() + out.len() - before);
-        assert!(seg.count <= BATCH_MAX && p.queued.get() <= self.config.queue_max);
+        assert!(seg.count() <= BATCH_MAX && p.queued.get() <= self.config.queue_max);
         drop(segments);
         if !p.running.get() && self.start_sender(p) {
             p.running.set(true);
         }
         p.wake.notify();
+        true
     }
 
     /// Start `peer`'s sender task (it holds the gate); `false` at shutdown.
@@ -466,19 +584,26 @@ impl Sender {
                 continue;
             };
             assert!(
-                peer.queued.get() >= seg.count,
+                peer.queued.get() >= seg.count(),
                 "queued counts every segment"
             );
-            set_queued(&self.stats[self.shard], peer, peer.queued.get() - seg.count);
+            set_queued(
+                &self.stats[self.shard],
+                peer,
+                peer.queued.get() - seg.count(),
+            );
             assert!(peer.queued_bytes.get() >= seg.bytes.len());
             peer.queued_bytes
                 .set(peer.queued_bytes.get() - seg.bytes.len());
-            let mut statuses = Vec::with_capacity(seg.count);
-            backoff_ms = self.deliver(&seg, backoff_ms, &mut statuses).await;
-            self.requeue_unanswered(&seg, &statuses);
+            self.give_up_expired(&mut seg);
+            if seg.count() > 0 {
+                seg.restamp(clock::now_ms());
+                let mut statuses = Vec::with_capacity(seg.count());
+                backoff_ms = self.deliver(&seg, backoff_ms, &mut statuses).await;
+                self.requeue_unanswered(&seg, &statuses);
+            }
             seg.bytes.clear();
-            seg.count = 0;
-            seg.ends.clear();
+            seg.messages.clear();
             {
                 let mut spare = peer.spare.borrow_mut();
                 if spare.len() < SPARE_SEGMENTS_MAX && seg.bytes.capacity() <= 1 << 20 {
@@ -492,6 +617,32 @@ impl Sender {
         }
     }
 
+    /// Give up the segment's messages queued longer than `deliver_within`
+    /// ago (counted as failed): a receiver's tombstone lives only that long
+    /// (plus the timeout), so a create sent later could bring a deleted
+    /// timer back. Messages are queued in order, so they are a prefix.
+    fn give_up_expired(&self, seg: &mut Segment) {
+        let now_ms = clock::now_ms();
+        let within_ms = self.config.deliver_within.as_millis() as u64;
+        let expired = seg
+            .messages
+            .iter()
+            .take_while(|m| m.born_ms + within_ms <= now_ms)
+            .count();
+        if expired == 0 {
+            return;
+        }
+        let peer = &self.peer;
+        count(
+            &self.stats[self.shard],
+            Some(peer),
+            Count::Failed,
+            expired as u64,
+        );
+        tracing::warn!(target: "chronos::replication", "to {}: {expired} messages given up, queued over {within_ms} ms ago", peer.address);
+        seg.drop_front(expired);
+    }
+
     /// Send one segment as a pipelined batch and count the outcome (the
     /// answered statuses land in `statuses`); returns the next backoff.
     async fn deliver(&self, seg: &Segment, backoff_ms: u64, statuses: &mut Vec<u16>) -> u64 {
@@ -502,7 +653,7 @@ impl Sender {
             .pipeline(
                 peer.socket,
                 &seg.bytes,
-                seg.count,
+                seg.count(),
                 self.config.timeout,
                 statuses,
             )
@@ -511,7 +662,7 @@ impl Sender {
         let refused = statuses.iter().filter(|s| is_final_refusal(**s)).count();
         count(stats, Some(peer), Count::Sent, sent as u64);
         count(stats, Some(peer), Count::Failed, refused as u64);
-        let retry = seg.count - sent - refused;
+        let retry = seg.count() - sent - refused;
         match outcome {
             Ok(()) if retry == 0 => 0,
             Ok(()) => (backoff_ms * 2).clamp(BACKOFF_MS_MIN, BACKOFF_MS_MAX),
@@ -523,37 +674,37 @@ impl Sender {
     }
 
     /// Put what was not delivered (unanswered, or answered with a status
-    /// worth retrying) back at the front of the queue, in order, unless the
-    /// segment is older than `deliver_within`, shutdown began, or the peer
-    /// was retired: then it is given up and counted as failed.
+    /// worth retrying) back at the front of the queue, in order, unless
+    /// shutdown began or the peer was retired: then it is given up and
+    /// counted as failed. (Messages past `deliver_within` are given up
+    /// before the next send.)
     fn requeue_unanswered(&self, seg: &Segment, statuses: &[u16]) {
         let stats = &self.stats[self.shard];
-        let again: Vec<usize> = (0..seg.count)
+        let again: Vec<usize> = (0..seg.count())
             .filter(|&i| statuses.get(i).is_none_or(|s| retryable(*s)))
             .collect();
         if again.is_empty() {
             return;
         }
         let peer = &self.peer;
-        let expired = seg.created.elapsed() >= self.config.deliver_within;
-        if expired || self.gate.is_closing() || peer.retired.get() {
+        if self.gate.is_closing() || peer.retired.get() {
             count(stats, Some(peer), Count::Failed, again.len() as u64);
             tracing::warn!(target: "chronos::replication", "to {}: {} messages given up undelivered", peer.address, again.len());
             return;
         }
         let mut retry = Segment {
             bytes: peer.spare.borrow_mut().pop().unwrap_or_default(),
-            count: 0,
-            ends: Vec::with_capacity(again.len()),
-            created: seg.created,
+            messages: Vec::with_capacity(again.len()),
         };
         for &i in &again {
             retry.bytes.extend_from_slice(seg.request(i));
-            retry.ends.push(retry.bytes.len() as u32);
-            retry.count += 1;
+            retry.messages.push(Message {
+                end: retry.bytes.len() as u32,
+                ..seg.messages[i]
+            });
         }
-        count(stats, Some(peer), Count::Retried, retry.count as u64);
-        set_queued(stats, peer, peer.queued.get() + retry.count);
+        count(stats, Some(peer), Count::Retried, retry.count() as u64);
+        set_queued(stats, peer, peer.queued.get() + retry.count());
         peer.queued_bytes
             .set(peer.queued_bytes.get() + retry.bytes.len());
         peer.segments.borrow_mut().push_front(retry);

@@ -161,9 +161,12 @@ fn unpack(list: u32) -> impl Iterator<Item = usize> {
         .map(|v| v as usize)
 }
 
+/// The longest DNS name a remote site may be given by.
+pub const HOST_NAME_BYTES_MAX: usize = 253;
+
 fn parse_remote(entry: &str, default_port: u16) -> Result<RemoteSite, String> {
     let bad = |why: &str| {
-        format!("[sites] remote_site {entry:?}: {why} (expected \"name=ip:port\" or \"name=ip\")")
+        format!("[sites] remote_site {entry:?}: {why} (expected \"name=host:port\" or \"name=host\", the host an IP address or a DNS name)")
     };
     let (name, addr) = entry.split_once('=').ok_or_else(|| bad("no '='"))?;
     let (name, addr) = (name.trim(), addr.trim());
@@ -192,6 +195,13 @@ fn parse_remote(entry: &str, default_port: u16) -> Result<RemoteSite, String> {
     };
     if host.is_empty() || host.contains(['/', ' ', '[', ']']) {
         return Err(bad("not an address"));
+    }
+    // DNS bounds (RFC 1035), checked before the name goes into request
+    // heads and the resolver.
+    if host.len() > HOST_NAME_BYTES_MAX || host.split('.').any(|l| l.len() > 63) {
+        return Err(bad(&format!(
+            "a host name longer than {HOST_NAME_BYTES_MAX} bytes, or with a label over 63"
+        )));
     }
     let socket = (host, port)
         .to_socket_addrs()
@@ -237,6 +247,16 @@ mod tests {
             Sites::new("a", &["a=1.2.3.4".to_string()], true, 1).is_err(),
             "local twice"
         );
+    }
+
+    #[test]
+    fn an_overlong_host_name_is_refused_before_resolution() {
+        let label = "a".repeat(60);
+        let long = [label.as_str(); 5].join(".");
+        let e = Sites::new("a", &[format!("b={long}:7253")], true, 1).unwrap_err();
+        assert!(e.contains("longer than 253"), "{e}");
+        let e = Sites::new("a", &[format!("b={}.x", "a".repeat(64))], true, 1).unwrap_err();
+        assert!(e.contains("over 63"), "{e}");
     }
 
     #[test]

@@ -88,25 +88,40 @@ impl HostPool {
 pub const LANE_BATCH_MAX: usize = 256;
 /// Requests in the first batch to a target, before its speed is known.
 const LANE_BATCH_FIRST: usize = 4;
-/// Batches a lane sends before it lets its permit go.
-const LANE_TURNS_MAX: usize = 16;
+
+/// What a queued callback is for, so that a lane can ask whether it is
+/// still wanted just before sending it (a `DELETE` may have come since).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallbackKey {
+    pub unique: u64,
+    pub version: u64,
+    pub sequence: u32,
+    /// The timer's last pop.
+    pub final_pop: bool,
+}
+
+/// Whether a queued callback should still be sent (set by the layer that
+/// owns the timers; without one, every callback is).
+pub type Wanted = Box<dyn Fn(&CallbackKey) -> bool>;
 
 /// A request queued for its target's lanes.
 struct Job {
     request: RefCell<Vec<u8>>,
+    key: Option<CallbackKey>,
     /// A lane took it (it is on the wire, or about to be).
     taken: Cell<bool>,
     /// Its caller gave up before a lane took it: lanes skip it.
     withdrawn: Cell<bool>,
     /// The status, or why there is none; set by the lane.
-    result: RefCell<Option<Result<u16, String>>>,
+    result: RefCell<Option<Result<u16, Failure>>>,
     done: Notify,
 }
 
 impl Job {
-    fn new(request: Vec<u8>) -> Job {
+    fn new(request: Vec<u8>, key: Option<CallbackKey>) -> Job {
         Job {
             request: RefCell::new(request),
+            key,
             taken: Cell::new(false),
             withdrawn: Cell::new(false),
             result: RefCell::new(None),
@@ -136,21 +151,43 @@ enum Turn<'p> {
     WaitedOut,
 }
 
-/// Up to `LANE_BATCH_MAX` live jobs from the front of `pool`'s queue,
-/// marked taken.
-fn take_jobs(pool: &HostPool, batch: &mut Vec<Rc<Job>>) {
+/// The lane's own job first (so its caller's wait ends with this batch),
+/// then live jobs from the front of `pool`'s queue, up to the target's
+/// batch limit; each marked taken. A job no longer `wanted` is withdrawn
+/// instead, and its caller told so.
+fn take_jobs(pool: &HostPool, own: &Rc<Job>, wanted: &Option<Wanted>, batch: &mut Vec<Rc<Job>>) {
     assert!(batch.is_empty());
     let limit = pool.batch_limit.get();
     assert!((1..=LANE_BATCH_MAX).contains(&limit));
+    let take = |job: &Rc<Job>, batch: &mut Vec<Rc<Job>>| {
+        if job.withdrawn.get() || job.taken.get() {
+            return;
+        }
+        let unwanted = job.key.zip(wanted.as_ref()).is_some_and(|(k, w)| !w(&k));
+        if unwanted {
+            job.withdrawn.set(true);
+            *job.result.borrow_mut() = Some(Err(Failure::Withdrawn));
+            job.done.notify();
+            return;
+        }
+        job.taken.set(true);
+        batch.push(job.clone());
+    };
+    take(own, batch);
     let mut jobs = pool.jobs.borrow_mut();
     while batch.len() < limit {
         let Some(job) = jobs.pop_front() else { break };
-        if job.withdrawn.get() {
-            continue;
-        }
-        job.taken.set(true);
-        batch.push(job);
+        take(&job, batch);
     }
+}
+
+/// Why a queued request got no status.
+#[derive(Clone, Debug)]
+enum Failure {
+    /// On the wire, and no answer came (or the connection failed).
+    Sent(String),
+    /// Withdrawn unsent: the callback was no longer wanted.
+    Withdrawn,
 }
 
 /// One request to send.
@@ -172,6 +209,9 @@ pub struct RequestError {
     pub sent: bool,
     /// Not sent because no connection came free within the caller's wait.
     pub waited_out: bool,
+    /// Not sent because it was no longer wanted (its timer was deleted or
+    /// replaced while it waited).
+    pub withdrawn: bool,
     pub reason: String,
 }
 
@@ -180,6 +220,7 @@ impl RequestError {
         RequestError {
             sent: false,
             waited_out: false,
+            withdrawn: false,
             reason,
         }
     }
@@ -187,8 +228,17 @@ impl RequestError {
     fn sent(reason: String) -> RequestError {
         RequestError {
             sent: true,
-            waited_out: false,
-            reason,
+            ..RequestError::unsent(reason)
+        }
+    }
+
+    fn of(failure: Failure) -> RequestError {
+        match failure {
+            Failure::Sent(reason) => RequestError::sent(reason),
+            Failure::Withdrawn => RequestError {
+                withdrawn: true,
+                ..RequestError::unsent("withdrawn: its timer was deleted or replaced".to_string())
+            },
         }
     }
 }
@@ -213,6 +263,8 @@ pub struct Client {
     pools: RefCell<HashMap<SocketAddr, Rc<HostPool>>>,
     names: RefCell<HashMap<String, (SocketAddr, Instant)>>,
     spare: RefCell<Vec<Vec<u8>>>,
+    /// Asked by lanes before a callback is sent.
+    wanted: RefCell<Option<Wanted>>,
 }
 
 /// A client's timeouts and bounds.
@@ -235,18 +287,26 @@ impl Client {
             pools: RefCell::new(HashMap::new()),
             names: RefCell::new(HashMap::new()),
             spare: RefCell::new(Vec::new()),
+            wanted: RefCell::new(None),
         }
+    }
+
+    /// Set the check lanes make before sending a queued callback.
+    pub fn set_wanted(&self, wanted: Wanted) {
+        *self.wanted.borrow_mut() = Some(wanted);
     }
 
     /// Deliver one pop: `POST <uri>` with the opaque data, `X-Sequence-Number`
     /// and `Content-Type: application/octet-stream`. Ok on any 2xx. `wait`:
-    /// how long it may wait for a connection to the target before it is
-    /// sent (`None`: as long as it takes; the caller bounds the count).
+    /// how long it may wait for a connection to the target (its name
+    /// resolved included) before it is sent (`None`: as long as it takes;
+    /// the caller bounds the count). `key`: asked of the `wanted` check
+    /// before it is sent.
     pub async fn callback(
         &self,
         data: &[u8],
         uri_len: usize,
-        sequence: u32,
+        key: CallbackKey,
         wait: Option<Duration>,
     ) -> Result<(), RequestError> {
         let unsent = RequestError::unsent;
@@ -255,7 +315,7 @@ impl Client {
         let opaque = &data[uri_len..];
         let target = uri::parse(uri).map_err(unsent)?;
         let mut seq_buf = [0u8; 10];
-        let seq = format_u32(&mut seq_buf, sequence);
+        let seq = format_u32(&mut seq_buf, key.sequence);
         let headers: [(&str, &[u8]); 2] = [
             ("Content-Type", b"application/octet-stream"),
             ("X-Sequence-Number", seq),
@@ -270,7 +330,7 @@ impl Client {
             body: opaque,
             want_body: false,
         };
-        let status = self.send_queued(&request, wait).await?;
+        let status = self.send_queued(&request, key, wait).await?;
         if (200..300).contains(&status) {
             Ok(())
         } else {
@@ -280,19 +340,27 @@ impl Client {
 
     /// Queue `r` for its target's lanes and wait for its status. Whichever
     /// waiting request gets a connection permit becomes a lane: it sends
-    /// the queued requests (its own among them, or not) in pipelined
-    /// batches of up to `LANE_BATCH_MAX` on one connection until the queue
-    /// is empty or it has sent `LANE_TURNS_MAX` batches. So a burst to one
-    /// target costs one write and a few reads per batch, not per request,
-    /// and at most `per_host_max` connections. A request not taken by a
-    /// lane within `wait` is withdrawn, unsent.
+    /// one pipelined batch on one connection, its own request first and
+    /// then the oldest queued ones (up to the target's batch limit), and
+    /// lets the permit go. So a burst to one target costs one write and a
+    /// few reads per batch, not per request, and at most `per_host_max`
+    /// connections; and a lane's caller is done within one batch (at most
+    /// the timeout) of getting its permit, whatever else is queued: the
+    /// skew rule counts on it. A request not taken by a lane within `wait`
+    /// is withdrawn, unsent.
     async fn send_queued(
         &self,
         r: &Request<'_>,
+        key: CallbackKey,
         wait: Option<Duration>,
     ) -> Result<u16, RequestError> {
         let unsent = RequestError::unsent;
-        let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
+        let wait_until = wait.map(|w| Instant::now() + w);
+        let resolve_for = wait.map_or(self.timeout, |w| w.min(self.timeout));
+        let addr = self
+            .resolve_for(r.host, r.port, resolve_for)
+            .await
+            .map_err(unsent)?;
         let pool = self.pool(addr);
         pool.admit_waiter(addr, pool.jobs.borrow().len())
             .map_err(unsent)?;
@@ -305,14 +373,14 @@ impl Client {
             r.headers,
             r.body,
         );
-        let job = Rc::new(Job::new(request));
+        let job = Rc::new(Job::new(request, Some(key)));
         pool.jobs.borrow_mut().push_back(job.clone());
         let _withdraw = Withdraw(&job);
-        let wait_until = wait.map(|w| Instant::now() + w);
         loop {
-            if let Some(result) = job.result.borrow_mut().take() {
+            let result = job.result.borrow_mut().take();
+            if let Some(result) = result {
                 self.give_buffer(job.request.take());
-                return result.map_err(RequestError::sent);
+                return result.map_err(RequestError::of);
             }
             if job.taken.get() {
                 job.done.wait().await;
@@ -320,7 +388,7 @@ impl Client {
             }
             match self.lane_or_served(&pool, &job, wait_until).await {
                 Turn::Lane(permit) => {
-                    self.run_lane(&pool, addr).await;
+                    self.run_lane(&pool, addr, &job).await;
                     drop(permit);
                 }
                 Turn::Served => {}
@@ -361,36 +429,33 @@ impl Client {
         future::or(future::or(served, lane), deadline).await
     }
 
-    /// Send the target's queued requests in pipelined batches (see
-    /// `send_queued`), handing each its status or the failure.
-    async fn run_lane(&self, pool: &HostPool, addr: SocketAddr) {
-        let mut batch: Vec<Rc<Job>> = Vec::with_capacity(LANE_BATCH_MAX);
+    /// Send one pipelined batch for the target, `own` first (see
+    /// `send_queued`), handing each job its status or the failure.
+    async fn run_lane(&self, pool: &HostPool, addr: SocketAddr, own: &Rc<Job>) {
+        let mut batch: Vec<Rc<Job>> = Vec::with_capacity(pool.batch_limit.get());
+        take_jobs(pool, own, &self.wanted.borrow(), &mut batch);
+        if batch.is_empty() {
+            return;
+        }
         let mut bytes = self.take_buffer();
-        let mut statuses = Vec::with_capacity(LANE_BATCH_MAX);
-        for _ in 0..LANE_TURNS_MAX {
-            take_jobs(pool, &mut batch);
-            if batch.is_empty() {
-                break;
-            }
-            bytes.clear();
-            for job in &batch {
-                bytes.extend_from_slice(&job.request.borrow());
-            }
-            let sent_at = Instant::now();
-            let result = self
-                .pipeline(addr, &bytes, batch.len(), self.timeout, &mut statuses)
-                .await;
-            pool.failed_at.set(result.is_err().then(Instant::now));
-            self.adapt_batch(pool, batch.len(), sent_at.elapsed(), result.is_ok());
-            for (i, job) in batch.drain(..).enumerate() {
-                let outcome = match (statuses.get(i), &result) {
-                    (Some(&status), _) => Ok(status),
-                    (None, Err(e)) => Err(e.clone()),
-                    (None, Ok(())) => Err("no answer".to_string()),
-                };
-                *job.result.borrow_mut() = Some(outcome);
-                job.done.notify();
-            }
+        let mut statuses = Vec::with_capacity(batch.len());
+        for job in &batch {
+            bytes.extend_from_slice(&job.request.borrow());
+        }
+        let sent_at = Instant::now();
+        let result = self
+            .pipeline(addr, &bytes, batch.len(), self.timeout, &mut statuses)
+            .await;
+        pool.failed_at.set(result.is_err().then(Instant::now));
+        self.adapt_batch(pool, batch.len(), sent_at.elapsed(), result.is_ok());
+        for (i, job) in batch.drain(..).enumerate() {
+            let outcome = match (statuses.get(i), &result) {
+                (Some(&status), _) => Ok(status),
+                (None, Err(e)) => Err(Failure::Sent(e.clone())),
+                (None, Ok(())) => Err(Failure::Sent("no answer".to_string())),
+            };
+            *job.result.borrow_mut() = Some(outcome);
+            job.done.notify();
         }
         self.give_buffer(bytes);
     }
@@ -533,11 +598,21 @@ impl Client {
 
     /// Resolve `host`, within the timeout.
     async fn resolve_within(&self, host: &str, port: u16) -> Result<SocketAddr, String> {
+        self.resolve_for(host, port, self.timeout).await
+    }
+
+    /// Resolve `host`, within `limit`.
+    async fn resolve_for(
+        &self,
+        host: &str,
+        port: u16,
+        limit: Duration,
+    ) -> Result<SocketAddr, String> {
         future::or(self.resolve(host, port), async {
-            glommio::timer::sleep(self.timeout).await;
+            glommio::timer::sleep(limit).await;
             Err(format!(
                 "cannot resolve {host} within {} ms",
-                self.timeout.as_millis()
+                limit.as_millis()
             ))
         })
         .await

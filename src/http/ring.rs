@@ -25,8 +25,11 @@
 //! Bounds: connections per shard (`[http] connections-max`, the slab
 //! length); input held per connection ([`NetRing::in_bytes_high`]: beyond it
 //! the connection's `RECV` is cancelled until its task catches up); output
-//! queued per connection ([`OUT_BYTES_HIGH`]: beyond it the writer waits);
-//! CQEs handled per pass ([`REAP_BATCH`]); submits tried to make room for an
+//! queued per connection ([`OUT_BYTES_HIGH`]: beyond it the writer waits;
+//! the caller bounds each write, the server to about 1 MiB); the time queued
+//! output may make no progress (the acceptor's write timeout: the idle sweep
+//! then shuts the socket down, which ends its `SEND` and `RECV`, so the slot
+//! is freed even if the peer never reads again); CQEs handled per pass ([`REAP_BATCH`]); submits tried to make room for an
 //! SQE ([`PUSH_ATTEMPTS_MAX`], after which that operation fails and its
 //! connection ends).
 //!
@@ -175,7 +178,9 @@ pub struct ConnShared {
     /// Peer closed, the socket failed, or the connection idled out.
     eof: Cell<bool>,
     reader: RefCell<Option<Waker>>,
-    /// Queued by the task, not yet handed to the kernel.
+    /// Queued by the task, not yet handed to the kernel. With `sending`,
+    /// at most [`OUT_BYTES_HIGH`] plus one `write_all` (which the server
+    /// bounds to about 1 MiB).
     out: RefCell<Vec<u8>>,
     /// Owned by the kernel while `send_inflight`: `sending[sent..]` remains.
     sending: RefCell<Vec<u8>>,
@@ -192,6 +197,9 @@ pub struct ConnShared {
     in_dirty: Cell<bool>,
     /// Sweep count at the last byte received.
     active_sweep: Cell<u32>,
+    /// Sweep count when the queued output last made progress (a `SEND`
+    /// took bytes) or began waiting (queued with none pending).
+    out_sweep: Cell<u32>,
 }
 
 impl ConnShared {
@@ -210,6 +218,39 @@ impl ConnShared {
         if let Some(w) = self.writer.borrow_mut().take() {
             w.wake();
         }
+    }
+
+    /// The peer stopped taking output: shut the socket down, so the
+    /// kernel ends its `SEND` and `RECV` (the slot is freed once their CQEs
+    /// are reaped), reset it at close, and fail the task's reads and writes.
+    fn abort(&self) {
+        reset_on_close(self.fd);
+        // SAFETY: shutdown on our own, still open fd (closed only at release).
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+        self.write_failed.set(true);
+        self.eof.set(true);
+        self.wake_reader();
+        self.wake_writer();
+    }
+}
+
+/// Make `fd`'s close reset the connection (`SO_LINGER` 0) and drop what the
+/// kernel still holds for the peer, rather than keep sending it to a peer
+/// that stopped reading.
+pub fn reset_on_close(fd: RawFd) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on an open fd with a valid `linger`.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
     }
 }
 
@@ -230,6 +271,9 @@ pub trait Acceptor {
     fn stop_wait(&self) -> impl Future<Output = ()> + '_;
     /// Idle keep-alive connections are closed after this many ms.
     fn idle_timeout_ms(&self) -> u64;
+    /// A connection whose queued output makes no progress for this many ms
+    /// is shut down (its peer stopped reading).
+    fn write_timeout_ms(&self) -> u64;
 }
 
 /// One shard's network ring. See the module doc.
@@ -363,7 +407,8 @@ impl NetRing {
             return;
         };
         let stop = Rc::new(Cell::new(false));
-        self.spawn_helpers(efd, stop.clone(), acceptor.idle_timeout_ms());
+        let timeouts_ms = (acceptor.idle_timeout_ms(), acceptor.write_timeout_ms());
+        self.spawn_helpers(efd, stop.clone(), timeouts_ms);
         let mut stopping_since: Option<std::time::Instant> = None;
         loop {
             if acceptor.stopping() && stopping_since.is_none() {
@@ -417,9 +462,9 @@ impl NetRing {
         Some(fd)
     }
 
-    /// The eventfd reader (wakes the driver on CQEs) and the idle sweep;
-    /// both end once `stop` is set.
-    fn spawn_helpers(self: &Rc<Self>, efd: RawFd, stop: Rc<Cell<bool>>, idle_timeout_ms: u64) {
+    /// The eventfd reader (wakes the driver on CQEs) and the idle sweep
+    /// (`timeouts_ms`: idle, write); both end once `stop` is set.
+    fn spawn_helpers(self: &Rc<Self>, efd: RawFd, stop: Rc<Cell<bool>>, timeouts_ms: (u64, u64)) {
         let (ring, stopped) = (self.clone(), stop.clone());
         glommio::spawn_local(async move {
             // SAFETY: `efd` is ours; the file owns and closes it.
@@ -436,14 +481,12 @@ impl NetRing {
         let ring = self.clone();
         glommio::spawn_local(async move {
             // A connection closes after more than `idle_sweeps` whole periods
-            // without input: never before the idle timeout, at most two
-            // periods after it.
-            let period_ms = SWEEP_PERIOD.as_millis() as u64;
-            let idle_sweeps = idle_timeout_ms.div_ceil(period_ms).max(1);
-            let idle_sweeps = u32::try_from(idle_sweeps).unwrap_or(u32::MAX);
+            // without input (or `write_sweeps` without output progress):
+            // never before the timeout, at most two periods after it.
+            let (idle_sweeps, write_sweeps) = (sweeps(timeouts_ms.0), sweeps(timeouts_ms.1));
             while !stop.get() {
                 glommio::timer::sleep(SWEEP_PERIOD).await;
-                ring.idle_sweep(idle_sweeps);
+                ring.idle_sweep(idle_sweeps, write_sweeps);
                 if ring.accept_backoff.replace(false) {
                     ring.wake.notify();
                 }
@@ -740,6 +783,9 @@ impl NetRing {
             c.wake_reader();
         } else {
             c.sent.set(c.sent.get() + res as usize);
+            if res > 0 {
+                c.out_sweep.set(self.sweep.get());
+            }
         }
         c.wake_writer();
         let more = c.sent.get() < c.sending.borrow().len() || !c.out.borrow().is_empty();
@@ -797,6 +843,7 @@ impl NetRing {
             task_done: Cell::new(false),
             in_dirty: Cell::new(false),
             active_sweep: Cell::new(self.sweep.get()),
+            out_sweep: Cell::new(self.sweep.get()),
         });
         self.slots.borrow_mut()[index as usize].conn = Some(conn.clone());
         self.mark_dirty(&conn);
@@ -806,12 +853,21 @@ impl NetRing {
         });
     }
 
-    fn idle_sweep(&self, idle_sweeps: u32) {
+    /// Close connections idle for more than `idle_sweeps` sweeps (wake
+    /// their readers at end of stream), and abort those whose output made
+    /// no progress for more than `write_sweeps`.
+    fn idle_sweep(&self, idle_sweeps: u32, write_sweeps: u32) {
         let now = self.sweep.get().wrapping_add(1);
         self.sweep.set(now);
         for slot in self.slots.borrow().iter() {
             if let Some(c) = &slot.conn {
-                if !c.task_done.get()
+                if c.out_pending()
+                    && !c.write_failed.get()
+                    && now.wrapping_sub(c.out_sweep.get()) > write_sweeps
+                {
+                    c.abort();
+                    self.kick(c);
+                } else if !c.task_done.get()
                     && !c.eof.get()
                     && now.wrapping_sub(c.active_sweep.get()) > idle_sweeps
                     && c.input.borrow().len() == c.in_start.get()
@@ -822,6 +878,12 @@ impl NetRing {
             }
         }
     }
+}
+
+/// Whole sweep periods in `timeout_ms` (at least one).
+fn sweeps(timeout_ms: u64) -> u32 {
+    let period_ms = SWEEP_PERIOD.as_millis() as u64;
+    u32::try_from(timeout_ms.div_ceil(period_ms).max(1)).unwrap_or(u32::MAX)
 }
 
 /// Refuse a connection the slab cannot hold: a best-effort `503`, then close.
@@ -851,6 +913,11 @@ impl RingConn {
     /// The peer's IP address (`getpeername`), if the socket still has one.
     pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
         peer_ip_of(self.shared.fd)
+    }
+
+    /// Reset the connection when it closes (see [`reset_on_close`]).
+    pub fn reset_on_close(&self) {
+        reset_on_close(self.shared.fd);
     }
 
     /// Read into `buf`: `Ok(0)` at end of stream (or idle timeout).
@@ -889,14 +956,22 @@ impl RingConn {
     }
 
     /// Queue `data`; waits while more than [`OUT_BYTES_HIGH`] is queued.
+    /// So a connection holds at most that plus one `data` (which the caller
+    /// bounds); an error once the write timeout aborted the connection.
     pub async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         let c = &*self.shared;
         if c.write_failed.get() {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        c.out.borrow_mut().extend_from_slice(data);
         if let Some(ring) = self.ring.upgrade() {
+            if !c.out_pending() {
+                // The write timeout counts from now, not from the last send.
+                c.out_sweep.set(ring.sweep.get());
+            }
+            c.out.borrow_mut().extend_from_slice(data);
             ring.kick(c);
+        } else {
+            c.out.borrow_mut().extend_from_slice(data);
         }
         poll_fn(|cx| {
             if c.write_failed.get() {

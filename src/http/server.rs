@@ -5,9 +5,14 @@
 //! where the ring cannot be set up). The server knows no routes: a
 //! [`Handler`] from the composition root answers each request.
 //!
-//! A connection reads into one buffer, answers every complete (pipelined)
-//! request in it into one write buffer, and writes that buffer with a single
-//! `write_all`: one read and one write per batch of requests.
+//! A connection reads into one buffer, answers the complete (pipelined)
+//! requests in it into one write buffer, and writes that buffer with a single
+//! `write_all`: one read and one write per batch of requests. A batch stops
+//! early once its answers reach [`OUT_BYTES_MAX`] or it ran for
+//! [`BREATHE_AFTER`]: the connection writes what it has, lets the reactor
+//! turn, and answers the rest before reading again. A write that makes no
+//! progress for `[http] write-timeout-ms` (the client stopped reading)
+//! closes the connection.
 
 use crate::http::ring::{Acceptor, NetRing, RingConn};
 use crate::http::{parse_request, write_response, Parsed, Request};
@@ -31,6 +36,11 @@ const READ_CHUNK: usize = 16 * 1024;
 /// Connection slots the network ring keeps beyond `connections-max`, so
 /// that connections over the limit still get their `503`.
 const REFUSE_SLACK: usize = 64;
+/// Answers a connection gathers before it writes them: a batch of
+/// pipelined requests stops once its output reaches this, so a
+/// connection's write buffer holds at most this plus one response (and
+/// reading waits until the write is taken).
+const OUT_BYTES_MAX: usize = 1024 * 1024;
 
 /// What answers requests: the composition root hands one to the server.
 pub trait Handler: 'static {
@@ -57,6 +67,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// From a complete head to the complete body.
     pub body_timeout: Duration,
+    /// Queued output without progress for this long closes the connection.
+    pub write_timeout: Duration,
     /// How long shutdown waits for requests in hand.
     pub drain: Duration,
 }
@@ -85,6 +97,9 @@ pub trait Conn {
     fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a;
     /// The peer's IP address, if known.
     fn peer_ip(&self) -> Option<IpAddr>;
+    /// A write failed or timed out: reset the connection when it closes
+    /// rather than leave the kernel sending to a peer that does not read.
+    fn reset_on_close(&self);
 }
 
 impl Conn for RingConn {
@@ -97,9 +112,14 @@ impl Conn for RingConn {
     fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a {
         RingConn::write_all(self, data)
     }
+    fn reset_on_close(&self) {
+        RingConn::reset_on_close(self);
+    }
 }
 
-/// glommio's stream, with the idle timeout as its read timeout.
+/// glommio's stream, with the idle timeout as its read timeout and the
+/// write timeout as its write timeout (which glommio counts from the last
+/// progress of a blocked write).
 pub struct GlommioConn(TcpStream);
 
 impl Conn for GlommioConn {
@@ -111,6 +131,9 @@ impl Conn for GlommioConn {
     }
     fn peer_ip(&self) -> Option<IpAddr> {
         self.0.peer_addr().ok().map(|a| a.ip())
+    }
+    fn reset_on_close(&self) {
+        crate::http::ring::reset_on_close(self.0.as_raw_fd());
     }
 }
 
@@ -134,6 +157,9 @@ impl<H: Handler> Acceptor for RingAcceptor<H> {
     }
     fn idle_timeout_ms(&self) -> u64 {
         self.0.limits.idle_timeout_ms
+    }
+    fn write_timeout_ms(&self) -> u64 {
+        u64::try_from(self.0.limits.write_timeout.as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -263,6 +289,7 @@ impl<H: Handler> Server<H> {
             let _ = stream.set_nodelay(true);
             let idle = Duration::from_millis(self.limits.idle_timeout_ms);
             let _ = stream.set_read_timeout(Some(idle));
+            let _ = stream.set_write_timeout(Some(self.limits.write_timeout));
             self.admit(GlommioConn(stream));
         }
     }
@@ -339,6 +366,18 @@ impl Input {
 /// How long a connection's task may run without letting the reactor turn.
 const BREATHE_AFTER: Duration = Duration::from_micros(500);
 
+/// Why [`Server::answer_buffered`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answered {
+    /// Every complete request is answered: read more.
+    NeedInput,
+    /// Stopped at [`OUT_BYTES_MAX`] or [`BREATHE_AFTER`]: write, breathe,
+    /// and answer the requests still buffered before reading.
+    Paused,
+    /// Close once the output is written.
+    Close,
+}
+
 impl<H: Handler> Server<H> {
     /// Serve one connection until it closes, errs, idles out, or shutdown.
     async fn serve<C: Conn>(&self, mut stream: C) {
@@ -352,10 +391,22 @@ impl<H: Handler> Server<H> {
             phase: Phase::Idle,
             phase_since: Instant::now(),
         };
+        // At most OUT_BYTES_MAX plus one response (`answer_buffered`).
         let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
         let mut breath = Instant::now();
         loop {
-            let close = self.answer_buffered(&mut input, &mut out).await;
+            let answered = self.answer_buffered(&mut input, &mut out).await;
+            if !out.is_empty() {
+                // Fails once the write made no progress for write-timeout-ms.
+                if stream.write_all(&out).await.is_err() {
+                    stream.reset_on_close();
+                    return;
+                }
+                out.clear();
+            }
+            if answered == Answered::Close {
+                return;
+            }
             // A peer that keeps the input full (pipelined replication at a
             // resync's pace) would keep this task runnable, and the pops
             // of this shard waiting, for glommio's whole 100 ms quantum.
@@ -363,14 +414,8 @@ impl<H: Handler> Server<H> {
                 crate::runtime::bulk::breathe().await;
                 breath = Instant::now();
             }
-            if !out.is_empty() {
-                if stream.write_all(&out).await.is_err() {
-                    return;
-                }
-                out.clear();
-            }
-            if close {
-                return;
+            if answered == Answered::Paused {
+                continue;
             }
             if !input.make_room() {
                 write_response(&mut out, 413, &[], b"request too large", true);
@@ -378,14 +423,7 @@ impl<H: Handler> Server<H> {
                 return;
             }
             let Some(read) = self.read_within(&mut stream, &mut input).await else {
-                let (what, key) = match input.phase {
-                    Phase::Body => ("body", "body-timeout-ms"),
-                    _ => ("head", "header-timeout-ms"),
-                };
-                let reason = format!("request {what} not complete within {key}");
-                self.count(408);
-                write_response(&mut out, 408, &[], reason.as_bytes(), true);
-                let _ = stream.write_all(&out).await;
+                self.timed_out(&mut stream, input.phase, &mut out).await;
                 return;
             };
             match read {
@@ -401,6 +439,18 @@ impl<H: Handler> Server<H> {
                 return;
             }
         }
+    }
+
+    /// A request not complete within its deadline: `408` naming it.
+    async fn timed_out<C: Conn>(&self, stream: &mut C, phase: Phase, out: &mut Vec<u8>) {
+        let (what, key) = match phase {
+            Phase::Body => ("body", "body-timeout-ms"),
+            _ => ("head", "header-timeout-ms"),
+        };
+        let reason = format!("request {what} not complete within {key}");
+        self.count(408);
+        write_response(out, 408, &[], reason.as_bytes(), true);
+        let _ = stream.write_all(out).await;
     }
 
     /// One read, within the current request's deadline (`None`: past it).
@@ -429,10 +479,15 @@ impl<H: Handler> Server<H> {
         .await
     }
 
-    /// Answer every complete (pipelined) request in `input` into `out`.
-    /// `true` when the connection must close after `out` is written.
-    async fn answer_buffered(&self, input: &mut Input, out: &mut Vec<u8>) -> bool {
+    /// Answer the complete (pipelined) requests in `input` into `out`,
+    /// stopping early ([`Answered::Paused`]) with requests left once `out`
+    /// reaches [`OUT_BYTES_MAX`] or [`BREATHE_AFTER`] has passed since the
+    /// first answer: so `out` grows by at most one response beyond the
+    /// bound, and a batch runs for at most one request beyond the breath.
+    async fn answer_buffered(&self, input: &mut Input, out: &mut Vec<u8>) -> Answered {
         let l = &self.limits;
+        // When the first answer was done (a batch of one reads no clock).
+        let mut first_done: Option<Instant> = None;
         while input.start < input.end {
             let buf = &input.buf[input.start..input.end];
             match parse_request(buf, l.header_bytes_max, l.body_bytes_max) {
@@ -446,11 +501,17 @@ impl<H: Handler> Server<H> {
                     input.continue_sent = false;
                     // The next request's clock starts at its first byte.
                     input.enter(Phase::Idle);
+                    if close_after {
+                        return Answered::Close;
+                    }
                     if input.start < input.end {
                         input.enter(Phase::Head);
-                    }
-                    if close_after {
-                        return true;
+                        // `enter` just read the clock: no second read.
+                        let now = input.phase_since;
+                        let ran = now.saturating_duration_since(*first_done.get_or_insert(now));
+                        if stop_batch(out.len(), ran) {
+                            return Answered::Paused;
+                        }
                     }
                 }
                 Parsed::Partial {
@@ -466,16 +527,16 @@ impl<H: Handler> Server<H> {
                         out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
                         input.continue_sent = true;
                     }
-                    return false;
+                    return Answered::NeedInput;
                 }
                 Parsed::Error(e) => {
                     self.count(e.status);
                     write_response(out, e.status, &[], e.reason.as_bytes(), true);
-                    return true;
+                    return Answered::Close;
                 }
             }
         }
-        false
+        Answered::NeedInput
     }
 
     fn count(&self, status: u16) {
@@ -484,5 +545,24 @@ impl<H: Handler> Server<H> {
         if status >= 400 {
             ShardStats::add(&stats.http_errors, 1);
         }
+    }
+}
+
+/// Whether a batch that has written `out_bytes` and run for `ran` stops
+/// before its next request.
+fn stop_batch(out_bytes: usize, ran: Duration) -> bool {
+    out_bytes >= OUT_BYTES_MAX || ran >= BREATHE_AFTER
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_stops_at_the_output_bound_or_the_breath() {
+        assert!(!stop_batch(0, Duration::ZERO));
+        assert!(!stop_batch(OUT_BYTES_MAX - 1, BREATHE_AFTER / 2));
+        assert!(stop_batch(OUT_BYTES_MAX, Duration::ZERO));
+        assert!(stop_batch(10, BREATHE_AFTER));
     }
 }

@@ -41,7 +41,7 @@ pub use store::Store;
 use crate::cluster::replicate::{Replicator, ReplicatorConfig};
 use crate::cluster::Cluster;
 use crate::config::Resolved;
-use crate::http::client::{Client, ClientConfig};
+use crate::http::client::{CallbackKey, Client, ClientConfig};
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::runtime::mesh::Mesh;
@@ -118,7 +118,7 @@ impl Shard {
             id,
         );
         let sites_out = sites_replicator(&resolved, &client, &gate, &stats, id);
-        Rc::new(Shard {
+        let shard = Rc::new(Shard {
             id,
             shards,
             store: RefCell::new(store),
@@ -135,7 +135,13 @@ impl Shard {
             rebalance: rebalance::Trigger::default(),
             last_version_us: Cell::new(0),
             resolved,
-        })
+        });
+        // Weak: the client belongs to the shard.
+        let weak = Rc::downgrade(&shard);
+        shard.client.set_wanted(Box::new(move |key| {
+            weak.upgrade().is_none_or(|s| s.callback_wanted(key))
+        }));
+        shard
     }
 
     /// Take a new cluster view (a reload): replicas, replication peers and
@@ -173,6 +179,18 @@ impl Shard {
 
     /// Whether stale messages can come from elsewhere (other nodes, or
     /// other sites), so that deletes and final pops leave tombstones.
+    /// Whether a callback still waiting for its lane should be sent: the
+    /// store holds the incarnation it pops (a tombstone of it after its
+    /// final pop included), or, on a node that keeps no tombstones, its
+    /// final pop with no client operation since. A delete or an update
+    /// withdraws it.
+    pub fn callback_wanted(&self, key: &CallbackKey) -> bool {
+        match self.store.borrow().get(key.unique) {
+            Some((_, t)) => t.version == key.version,
+            None => key.final_pop && self.pop.is_final_in_flight(key.unique),
+        }
+    }
+
     pub fn keeps_tombstones(&self) -> bool {
         self.has_peers() || self.resolved.sites.replicating()
     }

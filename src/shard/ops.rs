@@ -14,6 +14,9 @@ use crate::timer::{shard_of, view_fingerprint, Timer, TimerHead, TimerId, TimerS
 
 /// How long a tombstone lives when nobody told it the timer's interval.
 pub const TOMBSTONE_MS_DEFAULT: u64 = 10_000;
+/// A replication body's bytes besides its callback, tags and replicas
+/// (timing, version, view, field names), over-estimated.
+const BODY_BYTES_BASE: usize = 512;
 
 /// Why a timer operation failed: an HTTP status and a reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +88,7 @@ impl Shard {
             bloom: pl.bloom,
         };
         let head = self.client_head(id, spec, &pl);
+        self.check_backed(&pl, spec)?;
         if pl.my_index.is_some() {
             self.apply(head, Some(spec), true)?;
         } else {
@@ -92,6 +96,35 @@ impl Shard {
         }
         self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()));
         Ok(id)
+    }
+
+    /// A node that is not one of a timer's replicas keeps nothing of it,
+    /// so a client's timer exists only if at least one replica's
+    /// replication queue takes it: refuse (503) rather than answer 200
+    /// for a timer no node holds.
+    fn check_backed(&self, pl: &Placement, spec: &TimerSpec) -> Result<(), OpError> {
+        let replicas = self.without_me(pl.mask());
+        if pl.my_index.is_some() || replicas == 0 {
+            return Ok(());
+        }
+        // The body's size, over-estimated (escapes, tags, replica list).
+        let bytes = BODY_BYTES_BASE
+            + spec.uri.len()
+            + 2 * spec.opaque.len()
+            + 64 * spec.tags.len()
+            + 32 * pl.count;
+        let mut rest = replicas;
+        while rest != 0 {
+            let peer = rest & rest.wrapping_neg();
+            rest &= rest - 1;
+            if self.replicator.can_queue(peer, bytes) {
+                return Ok(());
+            }
+        }
+        Err(OpError::new(
+            503,
+            "this node is not one of the timer's replicas and the replication queue to every replica is full (replication-queue-max, replication-queue-bytes-max): not stored; retry later",
+        ))
     }
 
     /// `PUT /timers/<id>` from a client: the new replicas get the timer, and
@@ -108,6 +141,7 @@ impl Shard {
             bloom: pl.bloom,
         };
         let head = self.client_head(new_id, &spec, &pl);
+        self.check_backed(&pl, &spec)?;
         let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(id.bloom));
         self.replicate_spec(&head, &spec, &pl, targets);
         let local = pl.my_index.map(|_| spec);
@@ -305,6 +339,9 @@ impl Shard {
         );
         let unique = head.id.unique;
         let tombstone = spec.is_none_or(|s| s.is_tombstone());
+        if from_client {
+            self.pop.forget_final(unique);
+        }
         let mut store = self.store.borrow_mut();
         let existing = store
             .get(unique)

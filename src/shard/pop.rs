@@ -4,12 +4,14 @@
 //! gate and ends as soon as shutdown begins.
 
 use super::Shard;
+use crate::http::client::CallbackKey;
 use crate::runtime::clock;
 use crate::runtime::notify::Notify;
 use crate::stats::ShardStats;
 use crate::timer::Timer;
 use futures_lite::future;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +19,9 @@ use std::time::{Duration, Instant};
 pub const POPS_PER_TURN_MAX: usize = 1024;
 /// Longest sleep with nothing due (the wheel's deadline may move).
 const IDLE_SLEEP_MS: u64 = 100;
+/// A pop whose target has its whole share of callback slots in flight is
+/// put back this long (late, not lost).
+pub const TARGET_RETRY_MS: u64 = 100;
 
 /// What the pop loop and the code that feeds it share.
 pub struct PopState {
@@ -29,20 +34,58 @@ pub struct PopState {
     /// Callback tasks spawned and not yet finished: counted at the spawn,
     /// so the bound holds before a task first runs.
     in_flight: Cell<usize>,
+    /// Callbacks in flight per target (a hash of the URI's authority):
+    /// entries only for targets with one in flight, so at most
+    /// `callback-in-flight-max` entries.
+    per_target: RefCell<HashMap<u64, u32>>,
+    /// Final pops in flight on a node that keeps no tombstones (nothing of
+    /// the timer is left in the store): a client operation on the ID
+    /// removes it, which withdraws the callback if it still waits for its
+    /// lane. At most `callback-in-flight-max` entries.
+    finals: RefCell<HashSet<u64>>,
 }
 
-/// Gives a callback slot back on every exit path of its task.
-struct Slot(Rc<Shard>);
+/// Gives a callback slot (and its target's share) back on every exit
+/// path of its task.
+struct Slot {
+    shard: Rc<Shard>,
+    target: u64,
+    /// The ID, when it is in `PopState::finals`.
+    final_unique: Option<u64>,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let pop = &self.0.pop;
+        let pop = &self.shard.pop;
         assert!(pop.in_flight.get() > 0, "a slot was taken");
         pop.in_flight.set(pop.in_flight.get() - 1);
+        let mut per_target = pop.per_target.borrow_mut();
+        let n = per_target
+            .get_mut(&self.target)
+            .expect("counted at dispatch");
+        assert!(*n > 0);
+        *n -= 1;
+        if *n == 0 {
+            per_target.remove(&self.target);
+        }
+        if let Some(unique) = self.final_unique {
+            pop.finals.borrow_mut().remove(&unique);
+        }
         if pop.blocked.replace(false) {
             pop.wake.notify();
         }
     }
+}
+
+/// The target a callback URI names, as a hash of its authority (`host:port`
+/// after the scheme, up to the path): callbacks are admitted per target.
+pub fn target_of(uri: &str) -> u64 {
+    let rest = uri.split_once("://").map_or(uri, |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    // FNV-1a: a few bytes, no allocation.
+    authority.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b.to_ascii_lowercase() as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl Default for PopState {
@@ -52,6 +95,8 @@ impl Default for PopState {
             blocked: Cell::new(false),
             armed_ms: Cell::new(u64::MAX),
             in_flight: Cell::new(0),
+            per_target: RefCell::new(HashMap::new()),
+            finals: RefCell::new(HashSet::new()),
         }
     }
 }
@@ -62,6 +107,27 @@ impl PopState {
         if due_ms < self.armed_ms.get() {
             self.wake.notify();
         }
+    }
+
+    /// A client operation on `unique`: a final pop's callback still waiting
+    /// for its lane is no longer wanted.
+    pub fn forget_final(&self, unique: u64) {
+        let mut finals = self.finals.borrow_mut();
+        if !finals.is_empty() {
+            finals.remove(&unique);
+        }
+    }
+
+    /// Whether `unique`'s final pop is in flight with no client operation
+    /// on it since (a node that keeps no tombstones).
+    pub fn is_final_in_flight(&self, unique: u64) -> bool {
+        self.finals.borrow().contains(&unique)
+    }
+
+    /// Whether `target` has less than `max` callbacks in flight.
+    fn target_has_room(&self, target: u64, max: usize) -> bool {
+        let n = self.per_target.borrow().get(&target).copied().unwrap_or(0);
+        (n as usize) < max
     }
 }
 
@@ -116,9 +182,21 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
             shard.store.borrow_mut().drop_info(timer.unique);
             continue;
         }
+        let target = target_of(timer.uri());
+        let late_ms = now.saturating_sub(due_ms.min(timer.next_pop_ms(skew)));
+        let Some(wait) = pop_wait(shard, &timer, target, late_ms) else {
+            hold_back(shard, now, late_ms, timer);
+            continue;
+        };
         ShardStats::add(&stats.timers_popped, 1);
-        shard.record_latency(now.saturating_sub(due_ms) * 1000);
-        dispatch(shard, &timer);
+        shard.record_latency(late_ms * 1000);
+        // This pop as it is taken: what its callback sends and its success
+        // replicates, even when the next pop has been taken by then (a
+        // callback slower than the interval).
+        let mut popped = timer.share();
+        popped.sequence += 1;
+        // The store first: the callback's task may ask it at once whether
+        // the callback is still wanted.
         timer.sequence += 1;
         if timer.has_next_pop() {
             let next = timer.next_pop_ms(skew);
@@ -130,8 +208,57 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
             let until = now + shard.tombstone_life_ms(&tomb);
             shard.store.borrow_mut().insert(until, tomb);
         }
+        dispatch(shard, popped, target, wait);
     }
     shard.refresh_gauges(&shard.store.borrow());
+}
+
+/// Whether a pop `late_ms` after its schedule may start now, and how
+/// long its callback may then wait for a connection: `Some(None)` as long
+/// as it takes (no later replica or site), `Some(Some(w))` what is left
+/// of `callback-wait-ms` (the skew rule counts the wait from the
+/// schedule, not from the dispatch), `None` not now: its target has its
+/// share of the callback slots in flight (`callback-in-flight-per-target-max`),
+/// or it is too late to start before the next replica's turn.
+fn pop_wait(shard: &Shard, timer: &Timer, target: u64, late_ms: u64) -> Option<Option<Duration>> {
+    let timers = &shard.resolved.config.timers;
+    let later = has_later_pop_elsewhere(shard, timer);
+    if later && late_ms >= timers.callback_wait_ms {
+        return None;
+    }
+    if !shard
+        .pop
+        .target_has_room(target, timers.callback_in_flight_per_target_max)
+    {
+        return None;
+    }
+    Some(later.then(|| Duration::from_millis(timers.callback_wait_ms - late_ms)))
+}
+
+/// A pop that may not start now ([`pop_wait`]): left to the next replica
+/// once it is `callback-wait-ms` late (as a pop waiting for a connection
+/// is), else put back for `TARGET_RETRY_MS`, so a slow or hanging target
+/// never holds up other targets' pops. Late, not lost.
+fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, timer: Timer) {
+    let stats = shard.my_stats();
+    let wait_ms = shard.resolved.config.timers.callback_wait_ms;
+    if has_later_pop_elsewhere(shard, &timer) && late_ms >= wait_ms {
+        ShardStats::add(&stats.callbacks_deferred, 1);
+        shard.refresh_gauges(&shard.store.borrow());
+        return;
+    }
+    ShardStats::add(&stats.callbacks_held, 1);
+    let again = now + TARGET_RETRY_MS;
+    shard.store.borrow_mut().insert(again, timer);
+}
+
+/// Whether another replica (or site) pops `timer` after this node.
+fn has_later_pop_elsewhere(shard: &Shard, timer: &Timer) -> bool {
+    let later_replica = timer.replica_index as usize + 1 < timer.replication_factor as usize;
+    let sites = &shard.resolved.sites;
+    let later_site =
+        sites.replicating() && sites.names(timer.sites).len() > timer.site_index as usize + 1;
+    (later_replica && shard.has_peers()) || later_site
 }
 
 /// Start the callback of one pop. The pop loop takes only as many due
@@ -142,7 +269,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
 /// the skew rule holds (tuning.md). On success the pop is replicated to
 /// the other replicas; on failure this node's copy is dropped without
 /// replicating, so the next replica pops.
-fn dispatch(shard: &Rc<Shard>, timer: &Timer) {
+fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration>) {
     let pop = &shard.pop;
     let timers = &shard.resolved.config.timers;
     assert!(
@@ -150,30 +277,40 @@ fn dispatch(shard: &Rc<Shard>, timer: &Timer) {
         "the pop loop keeps the bound"
     );
     pop.in_flight.set(pop.in_flight.get() + 1);
-    let slot = Slot(shard.clone());
-    let sequence = timer.sequence + 1;
-    let (unique, version) = (timer.unique, timer.version);
-    let later_replica = timer.replica_index as usize + 1 < timer.replication_factor as usize;
-    let sites = &shard.resolved.sites;
-    let later_site =
-        sites.replicating() && sites.names(timer.sites).len() > timer.site_index as usize + 1;
-    let wait = ((later_replica && shard.has_peers()) || later_site)
-        .then(|| Duration::from_millis(timers.callback_wait_ms));
-    let (data, uri_at, uri_len) = timer.callback_data();
+    *pop.per_target.borrow_mut().entry(target).or_default() += 1;
+    let final_pop = !popped.has_next_pop();
+    let final_unique = (final_pop && !shard.keeps_tombstones()).then_some(popped.unique);
+    if let Some(unique) = final_unique {
+        pop.finals.borrow_mut().insert(unique);
+    }
+    let slot = Slot {
+        shard: shard.clone(),
+        target,
+        final_unique,
+    };
+    let (unique, version, sequence) = (popped.unique, popped.version, popped.sequence);
+    let (data, uri_at, uri_len) = popped.callback_data();
+    let key = CallbackKey {
+        unique,
+        version,
+        sequence,
+        final_pop,
+    };
     glommio::spawn_local(async move {
-        let shard = &slot.0;
+        let shard = &slot.shard;
         let started = Instant::now();
         let result = shard
             .client
-            .callback(&data[uri_at..], uri_len, sequence, wait)
+            .callback(&data[uri_at..], uri_len, key, wait)
             .await;
         let stats = shard.my_stats();
         stats.record_callback_latency(started.elapsed().as_micros() as u64);
         match result {
             Ok(()) => {
                 ShardStats::add(&stats.callbacks_succeeded, 1);
-                shard.replicate_pop(unique, version, sequence);
+                shard.replicate_pop(&popped);
             }
+            Err(e) if e.withdrawn => ShardStats::add(&stats.callbacks_withdrawn, 1),
             Err(e) => {
                 let counter = if e.waited_out {
                     &stats.callbacks_deferred

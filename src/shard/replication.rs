@@ -10,7 +10,7 @@ use crate::cluster::sites::{Sites, SITES_NONE};
 use crate::cluster::Cluster;
 use crate::runtime::clock;
 use crate::timer::spec::TAGS_MAX;
-use crate::timer::{TimerHead, TimerSpec};
+use crate::timer::{Timer, TimerHead, TimerSpec};
 
 /// The replication body of one incarnation, its start as seen from now
 /// (`replicas` empty: for another site; `sites` empty: none).
@@ -118,8 +118,11 @@ impl Shard {
     }
 
     /// After a successful callback: tell the other replicas that pop
-    /// `sequence` is done (or, after the final pop, send them a tombstone),
-    /// so that they skip it. Nothing is sent when the timer has since been
+    /// `popped.sequence` is done (or, after the final pop, send them a
+    /// tombstone), so that they skip it. `popped` is the timer as that pop
+    /// took it: a later pop may have been taken since (a callback slower
+    /// than the interval), and is not reported done before its own
+    /// callback succeeds. Nothing is sent when the timer has since been
     /// replaced or deleted: that operation replicated itself.
     ///
     /// Passive rebalancing (seed 001): the message goes to the timer's
@@ -127,11 +130,12 @@ impl Shard {
     /// names, and this node's own copy is re-placed under the current view:
     /// a tombstone if this node is no longer one of its replicas, re-skewed
     /// if its place in the list changed.
-    pub fn replicate_pop(&self, unique: u64, version: u64, sequence: u32) {
+    pub fn replicate_pop(&self, popped: &Timer) {
         if !self.keeps_tombstones() {
             return;
         }
-        let Some(pl) = self.send_pop(unique, version, sequence) else {
+        let unique = popped.unique;
+        let Some(pl) = self.send_pop(popped) else {
             return;
         };
         let mut store = self.store.borrow_mut();
@@ -170,12 +174,20 @@ impl Shard {
 
     /// The replication half of [`Shard::replicate_pop`]: the placement
     /// under the current view, or `None` if the timer has moved on.
-    fn send_pop(&self, unique: u64, version: u64, sequence: u32) -> Option<Placement> {
+    fn send_pop(&self, popped: &Timer) -> Option<Placement> {
         let store = self.store.borrow();
-        let (_, t) = store.get(unique)?;
-        if t.version != version || t.sequence != sequence {
+        let (_, stored) = store.get(popped.unique)?;
+        if stored.version != popped.version || stored.sequence < popped.sequence {
             return None;
         }
+        // The stored copy when it is this pop's (a final pop's tombstone
+        // included), else the pop as it was taken: live, at its sequence.
+        let t = if stored.sequence == popped.sequence {
+            stored
+        } else {
+            popped
+        };
+        let unique = t.unique;
         let pl = self.placement(unique, t.factor_requested as usize);
         let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
         let cluster = self.cluster();

@@ -32,6 +32,7 @@ use crate::stats::ShardStats;
 use crate::timer::spec::TAGS_MAX;
 use crate::timer::{shard_of, Timer, TimerId};
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::rc::Rc;
 
 /// Timers per GET when the request has no `Range`.
@@ -250,23 +251,42 @@ impl Shard {
             });
             crate::runtime::bulk::breathe().await;
         }
-        {
-            let cluster = self.cluster();
-            let store = self.store.borrow();
-            for unique in store.info_ids() {
-                // An informational copy stands in only behind a tombstone.
-                if store.get(unique).is_some_and(|(_, w)| !w.is_tombstone()) {
-                    continue;
-                }
-                let t = store.info(unique).expect("listed");
-                if self.listable(&cluster, t, q).is_some() {
-                    let due_ms = t.next_pop_ms(self.skew_ms());
-                    keys.push(Cursor { due_ms, unique });
-                }
-            }
+        let info_keys = self.info_keys(q);
+        if !info_keys.is_empty() {
+            // A tombstone that replaced a live old-view copy after its slice
+            // was scanned leaves an informational copy of the same timer:
+            // the scan's key for it goes, the informational one stands in.
+            let listed: HashSet<u64> = info_keys.iter().map(|k| k.unique).collect();
+            keys.retain(|k| !listed.contains(&k.unique));
+            keys.extend_from_slice(&info_keys);
         }
         // A million keys take tens of ms to sort: in chunks.
-        crate::runtime::bulk::sort(keys).await
+        let mut keys = crate::runtime::bulk::sort(keys).await;
+        // A timer moved within the store between slices is seen twice.
+        keys.dedup();
+        keys
+    }
+
+    /// The keys of the informational timers `q`'s node should be told of
+    /// (at most `INFO_MAX` per shard, so one pass without a breath).
+    fn info_keys(&self, q: &Query) -> Vec<Cursor> {
+        let cluster = self.cluster();
+        let store = self.store.borrow();
+        let mut keys = Vec::new();
+        for unique in store.info_ids() {
+            // An informational copy stands in only behind a tombstone.
+            if store.get(unique).is_some_and(|(_, w)| !w.is_tombstone()) {
+                continue;
+            }
+            let Some(t) = store.info(unique) else {
+                continue;
+            };
+            if self.listable(&cluster, t, q).is_some() {
+                let due_ms = t.next_pop_ms(self.skew_ms());
+                keys.push(Cursor { due_ms, unique });
+            }
+        }
+        keys
     }
 
     /// Whether `q`'s node should be told of `t`: its index in the timer's
@@ -290,6 +310,9 @@ impl Shard {
             None => keys.partition_point(|k| k.due_ms < q.from_ms),
         };
         let mut entries = Vec::new();
+        // A timer seen twice by the scan (moved between its slices, at
+        // another due time) is listed once per page.
+        let mut on_page: HashSet<u64> = HashSet::new();
         let mut bytes = 0;
         for (examined, key) in keys[start..].iter().enumerate() {
             let full = entries.len() >= q.limit || bytes >= PAGE_BYTES_MAX;
@@ -299,7 +322,8 @@ impl Shard {
                 let looked_to = Some(keys[start + examined - 1]);
                 return ShardPage { entries, looked_to };
             }
-            if let Some(entry) = self.entry_json(key.unique, &q) {
+            let fresh = on_page.insert(key.unique);
+            if let Some(entry) = fresh.then(|| self.entry_json(key.unique, &q)).flatten() {
                 bytes += entry.len();
                 entries.push((*key, entry));
             }
@@ -410,6 +434,9 @@ pub fn merge_pages(parts: Vec<ShardPage>, limit: usize) -> (Vec<(Cursor, String)
         .filter(|(k, _)| bound.is_none_or(|b| *k <= b))
         .collect();
     all.sort_unstable_by_key(|(k, _)| *k);
+    // Shards own disjoint IDs and each lists a position once; a repeat is
+    // dropped rather than trusted.
+    all.dedup_by_key(|(k, _)| *k);
     let mut bytes = 0;
     let mut take = 0;
     for (_, entry) in &all {

@@ -473,6 +473,102 @@ pub fn timer_body(interval: &str, repeat_for: Option<&str>, uri: &str, opaque: &
     )
 }
 
+/// Poll `check` every 20 ms until it returns `Ok`, and return its value;
+/// fail once `timeout` has passed, naming `what` and the last state
+/// `check` described (its `Err`).
+pub fn wait_until<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let state = match check() {
+            Ok(value) => return value,
+            Err(state) => state,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}; last seen: {state}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sleep until `at` (not at all if it has passed).
+pub fn sleep_until(at: Instant) {
+    std::thread::sleep(at.saturating_duration_since(Instant::now()));
+}
+
+/// `Ok` when `node` can pop nothing more: it holds no live timer
+/// (tombstones never pop), every callback it started was answered or
+/// given up, and every replication message it queued was answered or
+/// given up. Otherwise what it is still busy with.
+pub fn node_idle(node: &Node) -> Result<(), String> {
+    idle_state(node, true)
+}
+
+/// As `node_idle`, but the node's replication may still be queued (for a
+/// peer that was killed, which it retries for `replication-deliver-within-ms`).
+pub fn node_pops_done(node: &Node) -> Result<(), String> {
+    idle_state(node, false)
+}
+
+fn idle_state(node: &Node, replication: bool) -> Result<(), String> {
+    let r = node.request("GET", "/metrics", "");
+    if r.status != 200 {
+        return Err(format!("{}: /metrics answered {}", node.addr, r.status));
+    }
+    let text = r.text();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+    };
+    let live = value("chronos_timers_pending") - value("chronos_tombstones");
+    let popped = value("chronos_timers_popped_total");
+    let answered = value("chronos_callbacks_succeeded_total")
+        + value("chronos_callbacks_failed_total")
+        + value("chronos_callbacks_deferred_total");
+    let queued = value("chronos_replication_enqueued_total");
+    let settled =
+        value("chronos_replication_sent_total") + value("chronos_replication_failed_total");
+    if live == 0.0 && answered >= popped && (settled >= queued || !replication) {
+        return Ok(());
+    }
+    Err(format!(
+        "{}: {live} live timers, {answered} of {popped} callbacks done, {settled} of {queued} replication messages settled",
+        node.addr
+    ))
+}
+
+/// Wait until no node of `nodes` can pop again (`node_idle`), seen on two
+/// polls in a row (so that a message in flight between two of them when
+/// the first poll read them has landed); fail after `timeout` with what
+/// was still busy.
+pub fn wait_idle(nodes: &[&Node], timeout: Duration) {
+    wait_all(nodes, timeout, node_idle);
+}
+
+/// As `wait_idle` with `node_pops_done`: for the survivors of a kill.
+pub fn wait_pops_done(nodes: &[&Node], timeout: Duration) {
+    wait_all(nodes, timeout, node_pops_done);
+}
+
+fn wait_all(nodes: &[&Node], timeout: Duration, state: fn(&Node) -> Result<(), String>) {
+    let mut idle_before = false;
+    wait_until("every node to be idle", timeout, || {
+        let busy: Vec<String> = nodes.iter().filter_map(|n| state(n).err()).collect();
+        let idle_twice = busy.is_empty() && idle_before;
+        idle_before = busy.is_empty();
+        match (idle_twice, busy.is_empty()) {
+            (true, _) => Ok(()),
+            (false, true) => Err("idle once".into()),
+            (false, false) => Err(busy.join("; ")),
+        }
+    });
+}
+
 /// A port free on every loopback address `127.0.0.1..=127.0.0.n`.
 pub fn cluster_port(n: usize) -> u16 {
     'search: loop {
