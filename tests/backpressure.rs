@@ -254,6 +254,9 @@ fn ping_latencies(addr: SocketAddr, stop: Arc<AtomicBool>) -> Vec<Duration> {
             .unwrap();
         assert_eq!(read_response(&mut r).unwrap().status, 200);
         took.push(t.elapsed());
+        if t.elapsed() > Duration::from_millis(50) {
+            eprintln!("SLOW ping {:?} at {:?}", t.elapsed(), std::time::SystemTime::now());
+        }
         std::thread::sleep(Duration::from_micros(200));
     }
     took

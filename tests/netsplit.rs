@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 const NODES: usize = 3;
 const PORT: u16 = 7253;
 /// How long node 3 stays cut off: the scenario itself, not a wait for
-/// anything (longer than a replication timeout plus the longest reconnect
-/// backoff, so both sides give up on each other and pop alone).
+/// anything. Both sides pop every 1 s timer alone from one skew after the
+/// cut, so this is several pops on both sides, and longer than a
+/// replication timeout plus the longest reconnect backoff.
 const SPLIT: Duration = Duration::from_secs(10);
 /// The replica skew (the default).
 const SKEW: Duration = Duration::from_secs(2);

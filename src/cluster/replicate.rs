@@ -486,13 +486,34 @@ impl Replicator {
         let now_ms = clock::now_ms();
         let start_ms = (now_ms as i64 + body.start_time_delta_ms).max(0) as u64;
         // The body plus at most this much head.
-        let auth = self.config.authorization;
         let bytes = scratch.len() + self.head_allowance(p);
         if p.queued_bytes.get() + bytes > self.config.queue_bytes_max {
             count(self.stats(), Some(p), Count::Dropped, 1);
             return false;
         }
         count(self.stats(), Some(p), Count::Enqueued, 1);
+        let message = Message {
+            end: 0,
+            delta_at: delta_at as u32,
+            start_ms,
+            born_ms: now_ms,
+        };
+        let added = self.append(p, id, &scratch, message);
+        assert!(added <= bytes, "the head fits its allowance");
+        set_queued(self.stats(), p, p.queued.get() + 1);
+        p.queued_bytes.set(p.queued_bytes.get() + added);
+        assert!(p.queued.get() <= self.config.queue_max);
+        if !p.running.get() && self.start_sender(p) {
+            p.running.set(true);
+        }
+        p.wake.notify();
+        true
+    }
+
+    /// Append one request (head, then `body`) to `p`'s last segment, or a
+    /// new one when it is full; `message` has its `delta_at` within the
+    /// body. Returns the bytes added.
+    fn append(&self, p: &Peer, id: TimerId, body: &[u8], message: Message) -> usize {
         let mut segments = p.segments.borrow_mut();
         if segments
             .back()
@@ -517,31 +538,22 @@ impl Replicator {
             out,
             " HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
             p.address,
-            scratch.len()
+            body.len()
         );
-        if let Some(value) = auth {
+        if let Some(value) = self.config.authorization {
             let _ = write!(out, "Authorization: {value}\r\n");
         }
         out.extend_from_slice(b"\r\n");
         let body_at = out.len() - before;
-        out.extend_from_slice(&scratch);
-        assert!(out.len() - before <= bytes, "the head fits its allowance");
+        out.extend_from_slice(body);
         seg.messages.push(Message {
             end: out.len() as u32,
-            delta_at: (body_at + delta_at) as u32,
-            start_ms,
-            born_ms: now_ms,
+            delta_at: (body_at as u32) + message.delta_at,
+            ..message
         });
-        set_queued(self.stats(), p, p.queued.get() + 1);
-        p.queued_bytes
-            .set(p.queued_bytes.get() + out.len() - before);
-        assert!(seg.count() <= BATCH_MAX && p.queued.get() <= self.config.queue_max);
-        drop(segments);
-        if !p.running.get() && self.start_sender(p) {
-            p.running.set(true);
-        }
-        p.wake.notify();
-        true
+        let added = out.len() - before;
+        assert!(seg.count() <= BATCH_MAX);
+        added
     }
 
     /// Start `peer`'s sender task (it holds the gate); `false` at shutdown.
@@ -778,5 +790,70 @@ mod tests {
         encode_body(&mut out, &tomb);
         let s = spec::parse(&out, crate::http::uri::check).unwrap();
         assert!(s.is_tombstone());
+    }
+
+    fn body_with_delta(delta_ms: i64) -> Body<'static> {
+        Body {
+            interval_ms: 1000,
+            repeat_for_ms: 1000,
+            start_time_delta_ms: delta_ms,
+            sequence: 0,
+            version_us: 1,
+            uri: "http://127.0.0.1:9/cb",
+            opaque: "o",
+            view_id: 7,
+            replicas: &[],
+            sites: &[],
+            factor_requested: 1,
+            tags: &[],
+            start_time_unix_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_patchable_delta_is_rewritten_in_place_and_parses() {
+        // Table: the delta when queued, the delta written at the send.
+        for (queued, sent) in [(-5, -1500), (0, i64::MIN), (-1, i64::MAX), (3000, 0)] {
+            let mut out = Vec::new();
+            let at = encode_body_patchable(&mut out, &body_with_delta(queued));
+            let len = out.len();
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(v["timing"]["start-time-delta"].as_i64(), Some(queued));
+            write_delta(&mut out[at..at + DELTA_WIDTH], sent);
+            assert_eq!(out.len(), len, "Content-Length stays right");
+            let text = std::str::from_utf8(&out).unwrap();
+            let v: serde_json::Value = serde_json::from_str(text).unwrap();
+            assert_eq!(v["timing"]["start-time-delta"].as_i64(), Some(sent));
+        }
+    }
+
+    #[test]
+    fn a_segment_restamps_and_drops_its_oldest_messages() {
+        let mut seg = Segment {
+            bytes: Vec::new(),
+            messages: Vec::new(),
+        };
+        for (i, born_ms) in [100u64, 200, 300].into_iter().enumerate() {
+            let before = seg.bytes.len();
+            seg.bytes.extend_from_slice(b"HEAD\r\n\r\n");
+            let at = encode_body_patchable(&mut seg.bytes, &body_with_delta(0)) - before;
+            seg.messages.push(Message {
+                end: seg.bytes.len() as u32,
+                delta_at: at as u32,
+                start_ms: 1_000 + i as u64,
+                born_ms,
+            });
+        }
+        seg.drop_front(1);
+        assert_eq!(seg.count(), 2);
+        assert_eq!(seg.messages[0].born_ms, 200);
+        seg.restamp(5_000);
+        for i in 0..seg.count() {
+            let request = seg.request(i);
+            let body = &request[b"HEAD\r\n\r\n".len()..];
+            let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+            let want = 1_000 + (i as i64 + 1) - 5_000;
+            assert_eq!(v["timing"]["start-time-delta"].as_i64(), Some(want));
+        }
     }
 }

@@ -27,10 +27,11 @@
 //! the connection's `RECV` is cancelled until its task catches up); output
 //! queued per connection ([`OUT_BYTES_HIGH`]: beyond it the writer waits;
 //! the caller bounds each write, the server to about 1 MiB); the time queued
-//! output may make no progress (the acceptor's write timeout: the idle sweep
-//! then shuts the socket down, which ends its `SEND` and `RECV`, so the slot
-//! is freed even if the peer never reads again); CQEs handled per pass ([`REAP_BATCH`]); submits tried to make room for an
-//! SQE ([`PUSH_ATTEMPTS_MAX`], after which that operation fails and its
+//! output may make no progress (the acceptor's write timeout: the idle
+//! sweep then shuts the socket down, which ends its `SEND` and `RECV`, so
+//! the slot is freed even if the peer never reads again); CQEs handled per
+//! pass ([`REAP_BATCH`]); submits tried to make room for an SQE
+//! ([`PUSH_ATTEMPTS_MAX`], after which that operation fails and its
 //! connection ends).
 //!
 //! Invariants: a connection's slot (and so its buffers, which the kernel may
@@ -357,13 +358,13 @@ impl NetRing {
         }))
     }
 
-    /// Any connection with output not yet sent.
+    /// Any connection with a `SEND` in flight, or output it can still send.
     pub fn output_pending(&self) -> bool {
         self.slots
             .borrow()
             .iter()
             .filter_map(|s| s.conn.as_ref())
-            .any(|c| c.out_pending())
+            .any(|c| c.send_inflight.get() || (c.out_pending() && !c.write_failed.get()))
     }
 
     /// Queue an SQE. `false` if the queue stayed full after
@@ -963,15 +964,14 @@ impl RingConn {
         if c.write_failed.get() {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        if let Some(ring) = self.ring.upgrade() {
-            if !c.out_pending() {
-                // The write timeout counts from now, not from the last send.
-                c.out_sweep.set(ring.sweep.get());
-            }
-            c.out.borrow_mut().extend_from_slice(data);
+        let ring = self.ring.upgrade();
+        if let (false, Some(ring)) = (c.out_pending(), &ring) {
+            // The write timeout counts from now, not from the last send.
+            c.out_sweep.set(ring.sweep.get());
+        }
+        c.out.borrow_mut().extend_from_slice(data);
+        if let Some(ring) = ring {
             ring.kick(c);
-        } else {
-            c.out.borrow_mut().extend_from_slice(data);
         }
         poll_fn(|cx| {
             if c.write_failed.get() {
