@@ -254,9 +254,6 @@ fn ping_latencies(addr: SocketAddr, stop: Arc<AtomicBool>) -> Vec<Duration> {
             .unwrap();
         assert_eq!(read_response(&mut r).unwrap().status, 200);
         took.push(t.elapsed());
-        if t.elapsed() > Duration::from_millis(50) {
-            eprintln!("SLOW ping {:?} at {:?}", t.elapsed(), std::time::SystemTime::now());
-        }
         std::thread::sleep(Duration::from_micros(200));
     }
     took
@@ -311,9 +308,10 @@ fn pipelined_posts_let_a_ping_on_the_same_shard_through() {
     );
     assert!(took.len() >= 20, "only {} pings answered", took.len());
     // Before the breath, a whole buffer (~1 s of POSTs in a debug build)
-    // ran in one go: p99 0.4-0.7 s; with it, ~9 ms on a busy 2-core VM.
+    // ran in one go: p99 0.4-0.7 s. With it: 6-13 ms, and up to 85 ms
+    // while two compilers shared this 2-core VM.
     assert!(
-        pct(99) < Duration::from_millis(100),
+        pct(99) < Duration::from_millis(200),
         "p99 ping latency {:?} during pipelined POSTs",
         pct(99)
     );

@@ -37,6 +37,28 @@ pub struct QueueConfig {
     /// Messages per insert statement.
     #[serde(default = "QueueConfig::default_batch_max")]
     pub insert_batch_max: usize,
+    /// Bytes (keys, values, headers) per insert statement; a larger
+    /// batch is split (Postgres refuses a message over 1 GB).
+    #[serde(default = "QueueConfig::default_batch_bytes_max")]
+    pub insert_batch_bytes_max: usize,
+    /// Bytes (keys, values, headers) per claim statement (at least one
+    /// row is claimed, however large).
+    #[serde(default = "QueueConfig::default_batch_bytes_max")]
+    pub claim_batch_bytes_max: usize,
+    /// A Postgres statement (or a connection's handshake) not answered
+    /// within this is given up: the connection is replaced and the
+    /// statement retried (Postgres's own `statement_timeout` is set too).
+    #[serde(default = "QueueConfig::default_statement_timeout_ms")]
+    pub statement_timeout_ms: u64,
+    /// TCP keepalive idle time and probe interval of the Postgres
+    /// connections (3 probes).
+    #[serde(default = "QueueConfig::default_postgres_keepalive_ms")]
+    pub postgres_keepalive_ms: u64,
+    /// Postgres unusable on a shard for longer than this: the node leaves
+    /// the consumer group (another node takes its partitions) until it is
+    /// usable again.
+    #[serde(default = "QueueConfig::default_postgres_stall_leave_ms")]
+    pub postgres_stall_leave_ms: u64,
     /// librdkafka consumer properties, passed through.
     #[serde(default)]
     pub consumer: std::collections::BTreeMap<String, toml::Value>,
@@ -69,6 +91,18 @@ impl QueueConfig {
     }
     fn default_batch_max() -> usize {
         2000
+    }
+    fn default_batch_bytes_max() -> usize {
+        16 << 20
+    }
+    fn default_statement_timeout_ms() -> u64 {
+        10_000
+    }
+    fn default_postgres_keepalive_ms() -> u64 {
+        5_000
+    }
+    fn default_postgres_stall_leave_ms() -> u64 {
+        20_000
     }
 
     /// A pass-through property as librdkafka wants it (a string).
@@ -111,8 +145,13 @@ impl QueueConfig {
             || self.hold_time_ms == 0
             || self.claim_batch_max == 0
             || self.insert_batch_max == 0
+            || self.insert_batch_bytes_max == 0
+            || self.claim_batch_bytes_max == 0
+            || self.statement_timeout_ms == 0
+            || self.postgres_keepalive_ms < 1000
+            || self.postgres_stall_leave_ms == 0
         {
-            return Err("[queue] intervals, hold-time-ms and batch sizes must be positive".into());
+            return Err("[queue] intervals, hold-time-ms, timeouts and batch sizes must be positive (postgres-keepalive-ms at least 1000)".into());
         }
         if self.look_ahead_ms + self.poll_interval_ms >= self.hold_time_ms {
             return Err(format!(

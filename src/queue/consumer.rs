@@ -75,6 +75,7 @@ impl QueueShared {
             inboxes,
             deliveries,
             kafka_up: AtomicBool::new(false),
+            pg_health: Arc::new(super::pg::Health::new(shards)),
             stopped: AtomicBool::new(false),
         });
         tracing::info!(target: "chronos::queue", node_id = %shared.node_id, "delay queue node started");
@@ -92,9 +93,11 @@ impl QueueShared {
 /// enqueue tasks).
 fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<Inbound>>) {
     let shards = inboxes.len();
+    let mut stall = super::failure::StallWatch::default();
     let mut last_error_log: Option<Instant> = None;
     let mut last_probe: Option<Instant> = None;
     while !shared.stopped.load(Ordering::Relaxed) {
+        stall.check(&shared);
         // Readiness: can the broker be reached? (An idle topic yields no
         // messages, so ask for metadata now and then.)
         if last_probe.is_none_or(|t| t.elapsed() >= KAFKA_PROBE_EVERY) {
@@ -135,8 +138,9 @@ fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<I
         };
         let shard = m.partition().unsigned_abs() as usize % shards;
         assert!(shard < inboxes.len());
-        // Blocks when the shard is behind: backpressure onto the consumer.
-        if inboxes[shard].send_blocking(inbound).is_err() {
+        // Waits when the shard is behind: backpressure onto the consumer
+        // (and a Postgres stall is watched meanwhile).
+        if !stall.hand_over(&shared, &inboxes[shard], inbound) {
             return;
         }
     }

@@ -34,15 +34,22 @@ impl QueueShard {
     pub(super) async fn enqueue_loop(self: Rc<Self>) {
         let inbox = self.shared.inboxes[self.shard].clone();
         let max = self.cfg().insert_batch_max;
+        let bytes_max = self.cfg().insert_batch_bytes_max;
         let mut batch: Vec<Inbound> = Vec::with_capacity(max);
         loop {
             let Some(Ok(first)) = self.gate.unless_closing(inbox.recv()).await else {
                 return;
             };
+            // At most `insert-batch-max` messages, and no more once
+            // `insert-batch-bytes-max` is reached.
+            let mut bytes = inbound_bytes(&first);
             batch.push(first);
-            while batch.len() < max {
+            while batch.len() < max && bytes < bytes_max {
                 match inbox.try_recv() {
-                    Ok(m) => batch.push(m),
+                    Ok(m) => {
+                        bytes += inbound_bytes(&m);
+                        batch.push(m);
+                    }
                     Err(_) => break,
                 }
             }
@@ -109,14 +116,16 @@ impl QueueShard {
         s
     }
 
-    /// Insert the batch's rows; `false` only at shutdown. A permanent error
-    /// (Postgres refuses the data) splits the batch in halves until the row
-    /// at fault stands alone; it is logged, counted and skipped, so it costs
-    /// only itself (at most `2n - 1` statements for `n` rows).
+    /// Insert the batch's rows; `false` only at shutdown. One statement
+    /// carries at most `insert-batch-bytes-max` bytes (or one row), so
+    /// that no message to Postgres nears its 1 GB limit. A permanent error
+    /// (Postgres refuses the data, or the message) splits the statement's
+    /// rows in halves until the row at fault stands alone; it is logged,
+    /// counted and skipped, so it costs only itself (at most `2n - 1`
+    /// statements for `n` rows).
     async fn insert(&self, s: &Sorted) -> bool {
         let started = Instant::now();
-        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(64);
-        ranges.push(0..s.ids.len());
+        let mut ranges = byte_ranges(s, self.cfg().insert_batch_bytes_max);
         let mut stored = 0usize;
         while let Some(r) = ranges.pop() {
             assert!(!r.is_empty() && r.end <= s.ids.len());
@@ -205,6 +214,42 @@ impl QueueShard {
         }
         true
     }
+}
+
+/// The bytes a message brings: key, value, header names and values.
+fn inbound_bytes(m: &Inbound) -> usize {
+    let headers: usize = m
+        .headers
+        .iter()
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum();
+    m.key.as_ref().map_or(0, Vec::len) + m.value.as_ref().map_or(0, Vec::len) + headers
+}
+
+/// The rows of `s` as consecutive ranges of at most `bytes_max` bytes each
+/// (a larger row alone), as a stack: the first range on top.
+fn byte_ranges(s: &Sorted, bytes_max: usize) -> Vec<Range<usize>> {
+    let row_bytes = |i: usize| {
+        s.ids[i].len()
+            + s.header_json[i].len()
+            + s.keys[i].as_ref().map_or(0, Vec::len)
+            + s.values[i].as_ref().map_or(0, Vec::len)
+    };
+    let mut ranges: Vec<Range<usize>> = Vec::new();
+    let (mut start, mut bytes) = (0, 0usize);
+    for i in 0..s.ids.len() {
+        let b = row_bytes(i);
+        if i > start && bytes.saturating_add(b) > bytes_max {
+            ranges.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes = bytes.saturating_add(b);
+    }
+    if start < s.ids.len() {
+        ranges.push(start..s.ids.len());
+    }
+    ranges.reverse();
+    ranges
 }
 
 /// Retry a refused range as its two halves, first half first (`ranges` is

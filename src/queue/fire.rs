@@ -32,8 +32,9 @@ impl QueueShard {
             assert!(limit > 0);
             let started = Instant::now();
             let node_id = &self.shared.node_id;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                [&now, node_id, &horizon, &limit];
+            let bytes_max = cfg.claim_batch_bytes_max as i64;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                [&now, node_id, &horizon, &limit, &bytes_max];
             let Some(rows) = retry_query(&self.pg, |c| &c.ready, &params).await else {
                 return;
             };

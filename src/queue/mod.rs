@@ -77,6 +77,9 @@ pub struct QueueShared {
     deliveries: Vec<async_channel::Receiver<Delivery>>,
     /// Whether the consumer has seen the broker answer.
     pub kafka_up: AtomicBool,
+    /// Each shard's Postgres health (the consumer leaves the group while
+    /// Postgres is stalled).
+    pub pg_health: Arc<pg::Health>,
     /// Set by [`QueueShared::stop`]: the consumer thread ends.
     stopped: AtomicBool,
 }
@@ -196,7 +199,7 @@ impl QueueShard {
     pub fn start(shared: Arc<QueueShared>, shard: usize, stats: Arc<[ShardStats]>, gate: Rc<Gate>) {
         assert!(shard < shared.inboxes.len(), "shard {shard} has an inbox");
         let q = Rc::new(QueueShard {
-            pg: Pg::new(&shared.config, stats.clone(), shard, gate.clone()),
+            pg: Pg::new(&shared, stats.clone(), shard, gate.clone()),
             shared,
             shard,
             stats,

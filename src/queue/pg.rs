@@ -6,13 +6,26 @@
 //! (`UNNEST` arrays, `= ANY($1)`). A failed connection is dropped and
 //! re-made with an exponential backoff (`BACKOFF_MS_MIN`..`BACKOFF_MS_MAX`);
 //! callers retry their batch, so nothing is lost while Postgres is away.
+//!
+//! A Postgres that stops answering is noticed, not waited on: every
+//! statement and every handshake must be answered within `[queue]
+//! statement-timeout-ms` (plus [`TIMEOUT_GRACE`], so that Postgres's own
+//! `statement_timeout`, set to the same value, reports a slow statement
+//! first); the sockets have TCP keepalives. A connection that misses it is
+//! replaced (its task cancelled). Until a statement succeeds again the
+//! shard counts as unusable: `/ready` says so, and past `[queue]
+//! postgres-stall-leave-ms` the consumer thread leaves the group
+//! ([`Health`]).
 
-use super::QueueConfig;
+use super::QueueShared;
+use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
@@ -22,6 +35,110 @@ pub const BACKOFF_MS_MIN: u64 = 100;
 pub const BACKOFF_MS_MAX: u64 = 5_000;
 /// At most one "still unreachable" log line per this long.
 const LOG_EVERY: Duration = Duration::from_secs(30);
+/// The client waits this much longer than Postgres's `statement_timeout`.
+pub const TIMEOUT_GRACE: Duration = Duration::from_millis(1000);
+/// TCP connect timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Keepalive probes before the kernel gives the connection up.
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// Per-shard Postgres health, shared with the consumer thread: the Unix ms
+/// of the first failure since the last success (0: usable).
+pub struct Health {
+    since_ms: Box<[AtomicU64]>,
+}
+
+impl Health {
+    pub fn new(shards: usize) -> Health {
+        Health {
+            since_ms: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn set(&self, shard: usize, since_ms: u64) {
+        if let Some(s) = self.since_ms.get(shard) {
+            s.store(since_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// How long the longest-failing shard has been unusable (0: none is).
+    pub fn stalled_ms(&self) -> u64 {
+        let now = clock::unix_ms();
+        self.since_ms
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed))
+            .filter(|&since| since > 0)
+            .map(|since| now.saturating_sub(since))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Cancels a connection's task when dropped (a handshake given up, or a
+/// connection replaced), so that a stalled socket is closed, not kept.
+struct TaskGuard(glommio::task::JoinHandle<()>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// A connected client and its prepared statements.
+pub struct Conn {
+    pub client: Client,
+    pub insert: Statement,
+    pub exists: Statement,
+    pub ready: Statement,
+    pub delete: Statement,
+    pub stuck: Statement,
+    pub reset: Statement,
+    pub refresh: Statement,
+    /// Set when the connection task ends or the connection is given up.
+    broken: Rc<Cell<bool>>,
+    /// The connection task, cancelled with the connection.
+    task: TaskGuard,
+}
+
+impl Conn {
+    fn give_up(&self) {
+        self.broken.set(true);
+        self.task.0.cancel();
+    }
+}
+
+/// A message claimed from the table.
+pub struct Claimed {
+    pub id: String,
+    pub deadline: SystemTime,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// `[{"name": "value"}, ...]` as stored.
+    pub headers: Option<String>,
+}
+
+pub struct Pg {
+    config: tokio_postgres::Config,
+    table: String,
+    conn: RefCell<Option<Rc<Conn>>>,
+    /// Serialises (re)connection attempts.
+    connecting: glommio::sync::Semaphore,
+    /// The first failure since the last success.
+    failing_since: Cell<Option<Instant>>,
+    last_log: Cell<Option<Instant>>,
+    /// Where `pg_up` (readiness, read by any shard) is kept.
+    stats: std::sync::Arc<[crate::stats::ShardStats]>,
+    /// The same for the consumer thread, with the time.
+    health: Arc<Health>,
+    shard: usize,
+    /// Postgres's `statement_timeout`, ms.
+    statement_timeout_ms: u64,
+    /// A statement or handshake not answered within this is given up.
+    timeout: Duration,
+    keepalive: Duration,
+    /// Retries stop when it closes.
+    gate: Rc<Gate>,
+}
 
 /// The schema of seed 004, created if missing. `message_key` is `bytea` (not
 /// `varchar(128)`) so that binary and long keys are relayed byte for byte.
@@ -47,63 +164,29 @@ pub fn schema(table: &str) -> String {
     )
 }
 
-/// A connected client and its prepared statements.
-pub struct Conn {
-    pub client: Client,
-    pub insert: Statement,
-    pub exists: Statement,
-    pub ready: Statement,
-    pub delete: Statement,
-    pub stuck: Statement,
-    pub reset: Statement,
-    pub refresh: Statement,
-    /// Set when the connection task ends.
-    broken: Rc<Cell<bool>>,
-}
-
-/// A message claimed from the table.
-pub struct Claimed {
-    pub id: String,
-    pub deadline: SystemTime,
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
-    /// `[{"name": "value"}, ...]` as stored.
-    pub headers: Option<String>,
-}
-
-pub struct Pg {
-    config: tokio_postgres::Config,
-    table: String,
-    conn: RefCell<Option<Rc<Conn>>>,
-    /// Serialises (re)connection attempts.
-    connecting: glommio::sync::Semaphore,
-    failing_since: Cell<Option<Instant>>,
-    last_log: Cell<Option<Instant>>,
-    /// Where `pg_up` (readiness, read by any shard) is kept.
-    stats: std::sync::Arc<[crate::stats::ShardStats]>,
-    shard: usize,
-    /// Retries stop when it closes.
-    gate: Rc<Gate>,
-}
-
 impl Pg {
     pub fn new(
-        q: &QueueConfig,
+        q: &QueueShared,
         stats: std::sync::Arc<[crate::stats::ShardStats]>,
         shard: usize,
         gate: Rc<Gate>,
     ) -> Pg {
         assert!(shard < stats.len(), "shard {shard} has no stats");
+        let cfg = &q.config;
         Pg {
             stats,
             shard,
             gate,
-            config: q.postgres_url.parse().expect("validated at config load"),
-            table: q.table.clone(),
+            health: q.pg_health.clone(),
+            config: cfg.postgres_url.parse().expect("validated at config load"),
+            table: cfg.table.clone(),
             conn: RefCell::new(None),
             connecting: glommio::sync::Semaphore::new(1),
             failing_since: Cell::new(None),
             last_log: Cell::new(None),
+            statement_timeout_ms: cfg.statement_timeout_ms,
+            timeout: Duration::from_millis(cfg.statement_timeout_ms) + TIMEOUT_GRACE,
+            keepalive: Duration::from_millis(cfg.postgres_keepalive_ms),
         }
     }
 
@@ -133,21 +216,18 @@ impl Pg {
             if self.conn.borrow().as_ref().is_some_and(|c| !c.broken.get()) {
                 continue;
             }
-            match self.connect().await {
-                Ok(c) => {
-                    if let Some(since) = self.failing_since.take() {
-                        tracing::info!(target: "chronos::queue", "Postgres reachable again after {:?}", since.elapsed());
-                    }
-                    self.set_up(true);
+            let started = Instant::now();
+            match within(self.timeout, self.connect()).await {
+                Some(Ok(c)) => {
+                    self.succeeded();
                     *self.conn.borrow_mut() = Some(c.clone());
                     return Some(c);
                 }
-                Err(e) => {
-                    self.failed(&e);
-                    self.pause(backoff_ms).await;
-                    backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
-                }
+                Some(Err(e)) => self.failed(&e, Instant::now()),
+                None => self.failed(&self.unanswered("connection handshake"), started),
             }
+            self.pause(backoff_ms).await;
+            backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
         }
     }
 
@@ -157,36 +237,76 @@ impl Pg {
         futures_lite::future::or(sleep, self.gate.closing()).await;
     }
 
-    /// Report a failed statement: the connection is dropped and re-made.
-    pub fn reset(&self, e: &tokio_postgres::Error) {
-        self.failed(&describe(e));
-        if let Some(c) = self.conn.borrow_mut().take() {
-            c.broken.set(true);
-        }
-        self.set_up(false);
+    fn unanswered(&self, what: &str) -> String {
+        format!(
+            "{what} not answered within {} ms (statement-timeout-ms + {} ms)",
+            self.timeout.as_millis(),
+            TIMEOUT_GRACE.as_millis()
+        )
     }
 
-    fn failed(&self, e: &str) {
+    /// A statement on `conn` failed (at `at`): the connection is given up
+    /// and re-made by the next [`Pg::get`].
+    fn reset(&self, conn: &Rc<Conn>, why: &str, at: Instant) {
+        self.failed(why, at);
+        self.discard(conn);
+    }
+
+    /// Give `conn` up without counting a failure (Postgres closed it after
+    /// refusing a message).
+    fn discard(&self, conn: &Rc<Conn>) {
+        conn.give_up();
+        let current = self.conn.borrow().as_ref().is_some_and(|c| Rc::ptr_eq(c, conn));
+        if current {
+            self.conn.borrow_mut().take();
+            self.set_up(false);
+        }
+    }
+
+    /// Postgres answered: usable (again).
+    fn succeeded(&self) {
+        if let Some(since) = self.failing_since.take() {
+            tracing::info!(target: "chronos::queue", "Postgres usable again after {:?}", since.elapsed());
+            self.last_log.set(None);
+        }
+        self.health.set(self.shard, 0);
+        self.set_up(true);
+    }
+
+    /// A failure noticed now, which began at `at` (a statement's start,
+    /// for one that was never answered).
+    fn failed(&self, e: &str, at: Instant) {
         let now = Instant::now();
+        self.set_up(false);
         if self.failing_since.get().is_none() {
-            self.failing_since.set(Some(now));
+            self.failing_since.set(Some(at));
+            let ago = now.saturating_duration_since(at).as_millis() as u64;
+            self.health
+                .set(self.shard, clock::unix_ms().saturating_sub(ago).max(1));
         }
         let due = self
             .last_log
             .get()
-            .is_none_or(|at| now.duration_since(at) >= LOG_EVERY);
+            .is_none_or(|t| now.duration_since(t) >= LOG_EVERY);
         if due {
             self.last_log.set(Some(now));
-            tracing::warn!(target: "chronos::queue", "Postgres unavailable, retrying with backoff: {e}");
+            tracing::warn!(target: "chronos::queue", shard = self.shard, "Postgres unavailable, retrying with backoff: {e}");
         }
     }
+}
 
+impl Pg {
+    /// Connect, set the session up (Postgres's `statement_timeout`; the
+    /// table and indexes if missing) and prepare the statements.
     async fn connect(&self) -> Result<Rc<Conn>, String> {
         let addr = self.address().await?;
-        let stream = glommio::net::TcpStream::connect_timeout(addr, Duration::from_secs(2))
+        let stream = glommio::net::TcpStream::connect_timeout(addr, CONNECT_TIMEOUT)
             .await
             .map_err(|e| format!("connect to {addr}: {e}"))?;
         let _ = stream.set_nodelay(true);
+        if let Err(e) = keepalive(&stream, self.keepalive) {
+            tracing::debug!(target: "chronos::queue", "Postgres TCP keepalive: {e}");
+        }
         let (client, connection) = self
             .config
             .connect_raw(stream.compat(), NoTls)
@@ -194,20 +314,27 @@ impl Pg {
             .map_err(|e| format!("Postgres handshake: {e}"))?;
         let broken = Rc::new(Cell::new(false));
         let flag = broken.clone();
-        glommio::spawn_local(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(target: "chronos::queue", "Postgres connection ended: {e}");
-            }
-            flag.set(true);
-        })
-        .detach();
+        let task = TaskGuard(
+            glommio::spawn_local(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(target: "chronos::queue", "Postgres connection ended: {e}");
+                }
+                flag.set(true);
+            })
+            .detach(),
+        );
         // Idempotent; two shards racing on the catalog retry via backoff.
         let t = &self.table;
+        let setup = format!(
+            "SET statement_timeout = {};\n{}",
+            self.statement_timeout_ms,
+            schema(t)
+        );
         client
-            .batch_execute(&schema(t))
+            .batch_execute(&setup)
             .await
             .map_err(|e| format!("create table {t}: {}", describe(&e)))?;
-        prepare(client, t, broken).await.map(Rc::new)
+        prepare(client, t, broken, task).await.map(Rc::new)
     }
 
     async fn address(&self) -> Result<SocketAddr, String> {
@@ -237,6 +364,30 @@ impl Pg {
     }
 }
 
+/// TCP keepalives on a Postgres socket: idle `every`, then a probe each
+/// `every`, given up after [`KEEPALIVE_PROBES`] unanswered.
+fn keepalive(stream: &glommio::net::TcpStream, every: Duration) -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    // SAFETY: the descriptor belongs to `stream`, which outlives this
+    // borrow; socket2 only calls setsockopt on it.
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(every)
+        .with_interval(every)
+        .with_retries(KEEPALIVE_PROBES);
+    socket2::SockRef::from(&fd).set_tcp_keepalive(&ka)
+}
+
+/// `f`, unless `limit` passes first (`None`; `f` is dropped).
+async fn within<T>(limit: Duration, f: impl Future<Output = T>) -> Option<T> {
+    let work = async { Some(f.await) };
+    let timer = async {
+        glommio::timer::sleep(limit).await;
+        None
+    };
+    futures_lite::future::or(work, timer).await
+}
+
 /// An error with the server's message when there is one.
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
@@ -255,15 +406,24 @@ pub enum QueryError {
     Permanent(String),
 }
 
+/// Postgres refused the message itself (`08P01`, protocol violation: a
+/// message over its 1 GB limit), then closed the connection.
+fn is_refused_message(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| db.code().code() == "08P01")
+}
+
 /// Errors that retrying cannot fix, because the data is at fault: data
 /// exceptions (class 22: a NUL in `text`, a value out of range, bad JSON),
-/// integrity violations (23) and program limits (54, e.g. a row too
-/// large). Everything else (connection loss, class 08; serialization, 40;
-/// resources, 53; a dropped table, 42, which the reconnect re-creates) is
-/// retried.
+/// integrity violations (23), program limits (54, e.g. a row too large)
+/// and a message Postgres refuses (`08P01`: over its 1 GB limit); callers
+/// split the batch. Everything else (connection loss, the rest of class
+/// 08; serialization, 40; resources, 53; a statement cancelled by
+/// `statement_timeout`, 57; a dropped table, 42, which the reconnect
+/// re-creates) is retried.
 pub fn is_permanent(e: &tokio_postgres::Error) -> bool {
-    e.as_db_error()
-        .is_some_and(|db| matches!(&db.code().code()[..2], "22" | "23" | "54"))
+    is_refused_message(e)
+        || e.as_db_error()
+            .is_some_and(|db| matches!(&db.code().code()[..2], "22" | "23" | "54"))
 }
 
 /// Run one statement, reconnecting and retrying with backoff until it
@@ -287,8 +447,9 @@ pub async fn retry_query(
     }
 }
 
-/// Run one statement over input data: transient errors are retried with
-/// backoff (reconnecting); a permanent one is returned at once.
+/// Run one statement over input data: transient errors (and a statement
+/// not answered within the timeout) are retried with backoff on a new
+/// connection; a permanent one is returned at once.
 pub async fn query_input(
     pg: &Pg,
     pick: impl Fn(&Conn) -> &Statement,
@@ -297,23 +458,61 @@ pub async fn query_input(
     let mut backoff_ms = BACKOFF_MS_MIN;
     loop {
         let conn = pg.get().await.ok_or(QueryError::Shutdown)?;
-        match conn.client.query(pick(&conn), params).await {
-            Ok(rows) => return Ok(rows),
-            Err(e) if is_permanent(&e) => return Err(QueryError::Permanent(describe(&e))),
-            Err(e) => {
-                pg.reset(&e);
-                pg.pause(backoff_ms).await;
-                if pg.gate.is_closing() {
-                    return Err(QueryError::Shutdown);
-                }
-                backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
+        let started = Instant::now();
+        match within(pg.timeout, conn.client.query(pick(&conn), params)).await {
+            Some(Ok(rows)) => {
+                pg.succeeded();
+                return Ok(rows);
             }
+            Some(Err(e)) if is_permanent(&e) => {
+                if is_refused_message(&e) {
+                    pg.discard(&conn);
+                } else {
+                    pg.succeeded();
+                }
+                return Err(QueryError::Permanent(describe(&e)));
+            }
+            Some(Err(e)) => pg.reset(&conn, &describe(&e), Instant::now()),
+            None => pg.reset(&conn, &pg.unanswered("statement"), started),
         }
+        pg.pause(backoff_ms).await;
+        if pg.gate.is_closing() {
+            return Err(QueryError::Shutdown);
+        }
+        backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
     }
 }
 
+/// The claim: rows due within the look-ahead and not readied, earliest
+/// first, at most `$4` rows and (beyond the first) `$5` bytes of keys,
+/// values and headers. The candidates are locked (`SKIP LOCKED`: another
+/// node's claim passes them by) in an `ARRAY(...)` init plan, so that the
+/// update finds them by primary key; an `IN (SELECT ...)` planned as a
+/// hash semi-join over a sequential scan of the whole table (perf/README).
+fn claim_sql(t: &str) -> String {
+    format!(
+        "UPDATE {t} SET readied_at = $1, readied_by = $2::text::uuid
+         WHERE id = ANY(ARRAY(
+             SELECT id FROM (
+                 SELECT id, sum(size) OVER (ORDER BY deadline ROWS UNBOUNDED PRECEDING) - size AS before
+                 FROM (SELECT id, deadline,
+                              coalesce(octet_length(message_value), 0)
+                              + coalesce(octet_length(message_key), 0)
+                              + coalesce(pg_column_size(message_headers), 0) AS size
+                       FROM {t} WHERE deadline <= $3 AND readied_at IS NULL
+                       ORDER BY deadline LIMIT $4 FOR UPDATE SKIP LOCKED) AS candidates
+             ) AS sized WHERE before < $5::bigint))
+         RETURNING id, deadline, message_key, message_value, message_headers::text"
+    )
+}
+
 /// Prepare the queue's statements on a fresh connection.
-async fn prepare(client: Client, t: &str, broken: Rc<Cell<bool>>) -> Result<Conn, String> {
+async fn prepare(
+    client: Client,
+    t: &str,
+    broken: Rc<Cell<bool>>,
+    task: TaskGuard,
+) -> Result<Conn, String> {
     let prep = |sql: String| {
         let client = &client;
         async move {
@@ -331,26 +530,22 @@ async fn prepare(client: Client, t: &str, broken: Rc<Cell<bool>>) -> Result<Conn
     ))
     .await?;
     let exists = prep(format!("SELECT id FROM {t} WHERE id = ANY($1::text[])")).await?;
-    let ready = prep(format!(
-        "UPDATE {t} SET readied_at = $1, readied_by = $2::text::uuid
-         WHERE id IN (SELECT id FROM {t} WHERE deadline <= $3 AND readied_at IS NULL
-                      ORDER BY deadline LIMIT $4 FOR UPDATE SKIP LOCKED)
-         RETURNING id, deadline, message_key, message_value, message_headers::text"
-    ))
-    .await?;
+    let ready = prep(claim_sql(t)).await?;
     let delete = prep(format!(
         "DELETE FROM {t} WHERE id = ANY($1::text[]) RETURNING id"
     ))
     .await?;
+    // Earliest deadlines first; this node's own rows too: the ones it
+    // holds are refreshed, so only the ones it lost come up.
     let stuck = prep(format!(
         "SELECT id, readied_by::text, readied_at FROM {t}
-         WHERE readied_at < $1 AND readied_by <> $3::text::uuid LIMIT $2"
+         WHERE readied_at < $1 ORDER BY deadline LIMIT $2"
     ))
     .await?;
     let reset = prep(format!(
         "UPDATE {t} AS t SET readied_at = NULL, readied_by = NULL
          FROM UNNEST($1::text[], $2::text[], $3::timestamp[]) AS s(i, b, a)
-         WHERE t.id = s.i AND t.readied_by = s.b::uuid AND t.readied_at = s.a
+         WHERE t.id = s.i AND t.readied_by IS NOT DISTINCT FROM s.b::uuid AND t.readied_at = s.a
          RETURNING t.id, s.b"
     ))
     .await?;
@@ -369,5 +564,6 @@ async fn prepare(client: Client, t: &str, broken: Rc<Cell<bool>>) -> Result<Conn
         stuck,
         reset,
         broken,
+        task,
     })
 }

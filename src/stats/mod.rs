@@ -21,10 +21,13 @@ pub const RESYNC_COMPLETE: i64 = 2;
 pub const RESYNC_FAILED: i64 = 3;
 
 /// Why a queue input message was rejected: `invalid_header` (a missing or
-/// invalid chronos header), `unstorable` (Postgres refused its data).
-pub const REJECT_REASONS: [&str; 2] = ["invalid_header", "unstorable"];
+/// invalid chronos header), `unstorable` (Postgres refused its data),
+/// `unpublishable` (the producer or broker refused it for good: too large,
+/// an invalid record, no right to write the output topic).
+pub const REJECT_REASONS: [&str; 3] = ["invalid_header", "unstorable", "unpublishable"];
 pub const REJECT_INVALID_HEADER: usize = 0;
 pub const REJECT_UNSTORABLE: usize = 1;
+pub const REJECT_UNPUBLISHABLE: usize = 2;
 
 macro_rules! counters {
     ($($name:ident: $help:literal,)*) => {
@@ -124,7 +127,7 @@ counters! {
     queue_late: "Messages already due on arrival, published at once.",
     queue_fired: "Messages published from the table at their deadline.",
     queue_reset: "Readied messages reset after a suspected node failure.",
-    queue_producer_errors: "Publishes the producer rejected or failed (each is retried).",
+    queue_producer_errors: "Publishes that failed for a transient reason (each is retried; permanent refusals are chronos_queue_rejected_total{reason=\"unpublishable\"}).",
 }
 
 impl ShardStats {

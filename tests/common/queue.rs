@@ -164,6 +164,67 @@ pub fn produce(p: &BaseProducer, topic: &str, messages: &[Input<'_>]) {
     p.flush(Duration::from_secs(20)).expect("flush");
 }
 
+/// Produce to one `partition` (not by key) and wait until the broker
+/// acknowledged everything.
+pub fn produce_to(p: &BaseProducer, topic: &str, partition: i32, messages: &[Input<'_>]) {
+    for m in messages {
+        let mut headers = OwnedHeaders::new();
+        for (k, v) in &m.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let mut r = BaseRecord::<str, [u8]>::to(topic)
+            .partition(partition)
+            .payload(m.value)
+            .headers(headers);
+        if let Some(k) = m.key {
+            r = r.key(k);
+        }
+        let mut r = Some(r);
+        while let Some(rec) = r.take() {
+            if let Err((_, rec)) = p.send(rec) {
+                p.poll(Duration::from_millis(10));
+                r = Some(rec);
+            }
+        }
+    }
+    p.flush(Duration::from_secs(30)).expect("flush");
+}
+
+/// The offsets `group` committed on `topic`'s partitions `0..partitions`
+/// (-1 where none), and the partitions' end offsets.
+pub fn committed_and_end(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> (Vec<i64>, Vec<i64>) {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for i in 0..partitions {
+        tpl.add_partition(topic, i);
+    }
+    let t = Duration::from_secs(10);
+    let committed = c.committed_offsets(tpl, t).expect("committed offsets");
+    let mut done = Vec::new();
+    let mut end = Vec::new();
+    for i in 0..partitions {
+        let o = committed.find_partition(topic, i).map(|e| e.offset());
+        done.push(match o {
+            Some(rdkafka::Offset::Offset(n)) => n,
+            _ => -1,
+        });
+        end.push(c.fetch_watermarks(topic, i, t).expect("watermarks").1);
+    }
+    (done, end)
+}
+
 /// Produce one message whose header values are raw bytes, and wait for
 /// the broker's acknowledgement.
 pub fn produce_raw(
