@@ -235,10 +235,11 @@ pub struct TimersConfig {
     /// Callbacks in flight per shard; beyond it due pops wait in the wheel
     /// (late, not lost).
     pub callback_in_flight_max: usize,
-    /// Callbacks in flight per shard to one target (`host:port`): a slow or
-    /// hanging target takes at most this share of `callback-in-flight-max`,
-    /// and its further pops wait (or, `callback-wait-ms` late, go to the
-    /// next replica) while other targets' pops go out on time.
+    /// Callbacks in flight per shard to one target (`host:port`) once three
+    /// quarters of `callback-in-flight-max` are taken: a slow or hanging
+    /// target cannot take the last quarter, and its further pops wait (or,
+    /// `callback-wait-ms` late, go to the next replica) while other
+    /// targets' pops go out on time.
     pub callback_in_flight_per_target_max: usize,
     /// Open connections per callback target (`host:port`) per shard.
     pub callback_connections_per_host_max: usize,

@@ -51,10 +51,11 @@ fn unpublishable_messages_are_counted_and_skipped_and_the_rest_flows() {
         let msgs = [input(late, &big, &past), input(stored, &big, &soon)];
         produce_to(&p, &s.input, part as i32, &msgs);
     }
-    // Every shard took a bad message in before any good one arrives.
+    // The shards took bad messages in before any good one arrives (before
+    // the fix, each shard's first batch then waits for ever: 4 of 8).
     wait_until("the bad messages consumed", Duration::from_secs(20), || {
         let n = node.metric("chronos_queue_consumed_total");
-        if n >= 8.0 {
+        if n >= 4.0 {
             Ok(())
         } else {
             Err(format!("{n} consumed"))
@@ -86,28 +87,40 @@ fn unpublishable_messages_are_counted_and_skipped_and_the_rest_flows() {
     );
     let unpublishable = "chronos_queue_rejected_total{reason=\"unpublishable\"}";
     wait_until("8 unpublishable counted", Duration::from_secs(20), || {
-        match node.metric(unpublishable) {
-            n if n == 8.0 => Ok(()),
-            n => Err(format!("{n}")),
+        let n = node.metric(unpublishable);
+        if n == 8.0 {
+            Ok(())
+        } else {
+            Err(format!("{n}"))
         }
     });
     let log = node.log_text();
-    assert!(log.contains("bad-late-0") && log.contains("bad-stored-3"), "{log}");
-    wait_until("the table empty", Duration::from_secs(20), || {
-        match table_rows(&s.table) {
+    assert!(
+        log.contains("bad-late-0") && log.contains("bad-stored-3"),
+        "{log}"
+    );
+    wait_until(
+        "the table empty",
+        Duration::from_secs(20),
+        || match table_rows(&s.table) {
             0 => Ok(()),
             n => Err(format!("{n} rows")),
-        }
-    });
-    // Committed in order like any handled message (auto-commit: 1 s).
-    wait_until("every input offset committed", Duration::from_secs(20), || {
-        let (done, end) = committed_and_end(&s.broker.brokers(), &s.table, &s.input, 4);
-        if done == end {
-            Ok(())
-        } else {
-            Err(format!("committed {done:?}, end {end:?}"))
-        }
-    });
+        },
+    );
+    // Committed in order like any handled message (auto-commit: 1 s):
+    // past the 52 messages of each partition.
+    wait_until(
+        "every input offset committed",
+        Duration::from_secs(20),
+        || {
+            let done = committed_offsets(&s.broker.brokers(), &s.table, &s.input, 4);
+            if done == [52; 4] {
+                Ok(())
+            } else {
+                Err(format!("committed {done:?}"))
+            }
+        },
+    );
     assert_eq!(node.metric(unpublishable), 8.0);
 }
 
@@ -144,15 +157,26 @@ fn a_late_message_then_a_future_one_with_its_id_are_both_delivered_in_order() {
         let v = String::from_utf8_lossy(&o.value).into_owned();
         by_key.entry(o.key.unwrap()).or_default().push((v, o.at_ms));
     }
-    let lost: Vec<&String> = a.iter().filter(|k| by_key.get(*k).is_none_or(|l| l.len() < 2)).collect();
-    assert!(lost.is_empty(), "{} of 40 late-then-future pairs incomplete: {lost:?}\n{}", lost.len(), log_tail(&node));
+    let lost: Vec<&String> = a
+        .iter()
+        .filter(|k| by_key.get(*k).is_none_or(|l| l.len() < 2))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of 40 late-then-future pairs incomplete: {lost:?}\n{}",
+        lost.len(),
+        log_tail(&node)
+    );
     for k in &a {
         let list = &by_key[k];
         assert_eq!(list.len(), 2, "{k}: {list:?}");
         assert_eq!(list[0].0, "late", "{k}: {list:?}");
         assert_eq!(list[1].0, "future", "{k}: {list:?}");
         assert!(list[0].1 < due - 2_000, "{k}: the late one waited");
-        assert!(list[1].1 >= due - ADVANCE_MS, "{k}: the future one came early");
+        assert!(
+            list[1].1 >= due - ADVANCE_MS,
+            "{k}: the future one came early"
+        );
     }
     for k in &b {
         let list = &by_key[k];
@@ -174,11 +198,12 @@ fn rss_bytes(pid: u32) -> u64 {
 }
 
 /// The byte bounds. The output topic does not exist, so nothing is ever
-/// published: 100 stored messages of 300 KB are claimed into the shards'
-/// hands, and 100 late ones wait in the inboxes behind their batch (60 MB
+/// published: 200 stored messages of 300 KB are claimed into the shards'
+/// hands, and 200 late ones wait in the inboxes behind their batch (120 MB
 /// in all). With `inbox-bytes-max` and `in-hand-bytes-max` small, the
-/// consumer pauses instead: the node's RSS grows by a few MB, not by the
-/// 60 MB it consumed (before the fix: all of it, and the producer's copies).
+/// consumer pauses instead: the node's RSS grows by what its buffers and
+/// allocator keep (about 20 MB here, with 20 messages or 400), not by what
+/// is on the topic (before the fix: 62 MB with half as many messages).
 #[test]
 fn memory_stays_bounded_in_bytes_while_nothing_can_be_published() {
     let s = setup("bytes", 2);
@@ -186,7 +211,8 @@ fn memory_stays_bounded_in_bytes_while_nothing_can_be_published() {
     let extra = "inbox-bytes-max = 1048576\nin-hand-bytes-max = 2097152\n";
     let mut config = queue_config(&s.broker.brokers(), &s.input, &absent, &s.table, extra);
     // librdkafka's own prefetch, bounded too.
-    config.push_str("\"queued.max.messages.kbytes\" = 2048\n\"fetch.max.bytes\" = 2097152\n");
+    // (Its 1 s back-off at that bound would only slow the test down.)
+    config.push_str("\"queued.max.messages.kbytes\" = 2048\n\"fetch.max.bytes\" = 2097152\n\"fetch.queue.backoff.ms\" = 20\n");
     let node = Node::start(&config);
     wait_until("ready", Duration::from_secs(20), || {
         match node.request("GET", "/ready", "").status {
@@ -200,11 +226,15 @@ fn memory_stays_bounded_in_bytes_while_nothing_can_be_published() {
     let past = iso(now_ms() - 10_000);
     let due_ms = now_ms() + 6_000;
     let due = iso(due_ms);
-    let stored: Vec<String> = (0..100).map(|i| format!("s{i}")).collect();
-    let late: Vec<String> = (0..100).map(|i| format!("l{i}")).collect();
+    let stored: Vec<String> = (0..200).map(|i| format!("s{i}")).collect();
+    let late: Vec<String> = (0..200).map(|i| format!("l{i}")).collect();
     for part in 0..2usize {
-        let mut msgs: Vec<Input> = (part * 50..part * 50 + 50).map(|i| input(&stored[i], &big, &due)).collect();
-        msgs.extend((part * 50..part * 50 + 50).map(|i| input(&late[i], &big, &past)));
+        let range = part * 100..part * 100 + 100;
+        let mut msgs: Vec<Input> = range
+            .clone()
+            .map(|i| input(&stored[i], &big, &due))
+            .collect();
+        msgs.extend(range.map(|i| input(&late[i], &big, &past)));
         produce_to(&p, &s.input, part as i32, &msgs);
     }
     // Until past the deadline, while the stored ones are claimed and
@@ -218,12 +248,13 @@ fn memory_stays_bounded_in_bytes_while_nothing_can_be_published() {
     }
     let consumed = node.metric("chronos_queue_consumed_total");
     let growth_mb = peak.saturating_sub(base) as f64 / 1e6;
+    eprintln!("RSS grew by {growth_mb:.1} MB; {consumed} of 400 consumed");
     assert!(now_ms() > due_ms + 3_000);
     assert!(
-        growth_mb < 30.0,
-        "RSS grew by {growth_mb:.1} MB ({consumed} of 200 messages of 300 KB consumed)\n{}",
+        growth_mb < 45.0,
+        "RSS grew by {growth_mb:.1} MB ({consumed} of 400 messages of 300 KB consumed)\n{}",
         log_tail(&node)
     );
-    assert!(consumed >= 2.0, "nothing consumed: {consumed}");
+    assert!(consumed >= 10.0, "hardly anything consumed: {consumed}");
     assert!(node.request("GET", "/ping", "").status == 200);
 }

@@ -393,9 +393,9 @@ fn a_resync_under_creates_and_deletes_loses_nothing_and_pops_nothing_deleted() {
     });
     assert!(churn > 10, "only {churn} timers churned");
     drop(repeating);
-    // The positive controls: the "/t/" timers pop once each, and the
-    // repeating ones all their pops, from when no node holds a live copy
-    // any more: a deleted timer can no longer pop either.
+    // The positive controls of the same run: the "/t/" timers pop once
+    // each and the "/r/" ones all 8 pops. Both are checked once no node
+    // holds a live copy, so no deleted timer can pop after the check.
     assert_popped_once_among(&sink, created, "/t/", TIMERS, &[&n1, &n2, &n3]);
     let pops = sink.pops();
     let gone: Vec<_> = pops

@@ -466,7 +466,14 @@ fn http_mode(a: &Args) -> Result<(), String> {
             )
         }
         None => {
-            let nodes = start_nodes(n_nodes, cores, "")?;
+            // `--extra-config FILE`: TOML appended to each node's config
+            // (an A/B of any setting).
+            let extra = match a.flags.get("extra-config") {
+                Some(path) => std::fs::read_to_string(path)
+                    .map_err(|e| format!("--extra-config {path}: {e}"))?,
+                None => String::new(),
+            };
+            let nodes = start_nodes(n_nodes, cores, &extra)?;
             let addrs = nodes.addrs.clone();
             (Some(nodes), addrs)
         }

@@ -59,6 +59,15 @@ pub struct QueueConfig {
     /// usable again.
     #[serde(default = "QueueConfig::default_postgres_stall_leave_ms")]
     pub postgres_stall_leave_ms: u64,
+    /// Bytes (keys, values, headers) of the messages waiting per shard
+    /// between the consumer thread and the shard; beyond it the consumer
+    /// pauses the shard's partitions (one message is always let through).
+    #[serde(default = "QueueConfig::default_inbox_bytes_max")]
+    pub inbox_bytes_max: usize,
+    /// Bytes of the claimed messages a shard holds, publishes or has yet to
+    /// delete; beyond it the shard claims no more.
+    #[serde(default = "QueueConfig::default_in_hand_bytes_max")]
+    pub in_hand_bytes_max: usize,
     /// librdkafka consumer properties, passed through.
     #[serde(default)]
     pub consumer: std::collections::BTreeMap<String, toml::Value>,
@@ -170,6 +179,127 @@ impl QueueConfig {
         if !tcp {
             return Err("[queue] postgres-url must name a TCP host (host:port)".into());
         }
+        self.check_memory()?;
+        self.check_overrides()
+    }
+}
+
+/// What a byte bound must at least be: a bound given in KiB or MiB by
+/// mistake is refused rather than taken as bytes.
+const BYTES_MAX_MIN: usize = 1 << 20;
+
+/// Consumer properties chronos sets itself for at least once, refused in
+/// `[queue.consumer]`: with the offset store automatic, librdkafka would
+/// commit an offset as soon as the message was polled, before the insert
+/// or publish (a crash then loses it).
+const CONSUMER_REFUSED: [&str; 1] = ["enable.auto.offset.store"];
+/// Producer properties whose value `0` is refused in `[queue.producer]`:
+/// with `acks=0` a delivery report claims success without any broker
+/// acknowledgement, and the row is deleted all the same.
+const PRODUCER_ACKS: [&str; 2] = ["acks", "request.required.acks"];
+
+impl QueueConfig {
+    fn default_inbox_bytes_max() -> usize {
+        32 << 20
+    }
+    fn default_in_hand_bytes_max() -> usize {
+        64 << 20
+    }
+
+    fn check_memory(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("inbox-bytes-max", self.inbox_bytes_max),
+            ("in-hand-bytes-max", self.in_hand_bytes_max),
+        ] {
+            if v < BYTES_MAX_MIN {
+                return Err(format!(
+                    "[queue] {name} ({v}) must be at least {BYTES_MAX_MIN} (bytes)"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Refuse librdkafka overrides that would break at least once.
+    fn check_overrides(&self) -> Result<(), String> {
+        let name = |k: &String| k.trim().to_ascii_lowercase();
+        if let Some(k) = self
+            .consumer
+            .keys()
+            .find(|k| CONSUMER_REFUSED.contains(&name(k).as_str()))
+        {
+            return Err(format!(
+                "[queue.consumer] {k:?} is set by chronos and may not be overridden: offsets are stored only after a message was inserted or published (at least once)"
+            ));
+        }
+        let acks_zero = |(k, v): &(&String, &toml::Value)| {
+            PRODUCER_ACKS.contains(&name(k).as_str()) && Self::property(v).trim() == "0"
+        };
+        if let Some((k, _)) = self.producer.iter().find(acks_zero) {
+            return Err(format!(
+                "[queue.producer] {k:?} = 0 is refused: a row is deleted once its publish is acknowledged, so the broker must acknowledge it (at least once)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &str) -> Result<(), String> {
+        let text = format!(
+            "kafka-brokers = \"b:9092\"\ninput-topic = \"i\"\noutput-topic = \"o\"\npostgres-url = \"postgres://p@127.0.0.1:5432/t\"\n{extra}"
+        );
+        let c: QueueConfig = toml::from_str(&text).map_err(|e| e.to_string())?;
+        c.check()
+    }
+
+    #[test]
+    fn defaults_pass() {
+        assert_eq!(parse(""), Ok(()));
+    }
+
+    #[test]
+    fn byte_bounds_are_checked_by_name() {
+        let e = parse("inbox-bytes-max = 64").unwrap_err();
+        assert!(e.contains("inbox-bytes-max"), "{e}");
+        let e = parse("in-hand-bytes-max = 1000").unwrap_err();
+        assert!(e.contains("in-hand-bytes-max"), "{e}");
+        assert_eq!(
+            parse("inbox-bytes-max = 1048576\nin-hand-bytes-max = 1048576"),
+            Ok(())
+        );
+        assert!(parse("inbox-bytes-max = -1").is_err());
+    }
+
+    #[test]
+    fn overrides_that_break_at_least_once_are_refused_by_name() {
+        for v in ["true", "false", "\"true\""] {
+            let e = parse(&format!("[consumer]\n\"enable.auto.offset.store\" = {v}")).unwrap_err();
+            assert!(e.contains("enable.auto.offset.store"), "{e}");
+        }
+        for (k, v) in [
+            ("acks", "0"),
+            ("acks", "\"0\""),
+            ("request.required.acks", "0"),
+        ] {
+            let e = parse(&format!("[producer]\n\"{k}\" = {v}")).unwrap_err();
+            assert!(e.contains(k) && e.contains("[queue.producer]"), "{e}");
+        }
+        // Safe by themselves: acks=1 or all, auto-commit off (offsets are
+        // then never committed: a restart reads again, duplicates only),
+        // no idempotence.
+        for (table, k, v) in [
+            ("producer", "acks", "1"),
+            ("producer", "acks", "\"all\""),
+            ("producer", "request.required.acks", "-1"),
+            ("producer", "enable.idempotence", "false"),
+            ("consumer", "enable.auto.commit", "false"),
+            ("consumer", "session.timeout.ms", "6000"),
+        ] {
+            assert_eq!(parse(&format!("[{table}]\n\"{k}\" = {v}")), Ok(()), "{k}");
+        }
     }
 }

@@ -1,7 +1,10 @@
 //! The consumer thread: one librdkafka consumer per node, polled by a plain
 //! thread, which hands each message to the shard owning its partition over
-//! a bounded awaitable channel (it blocks when the shard is behind:
-//! backpressure onto the consumer).
+//! a bounded awaitable channel. When the shard is behind (its inbox full in
+//! messages or in bytes), the message waits in the thread and its partition
+//! is paused; the thread keeps polling (so the group's rebalances and
+//! `max.poll.interval.ms` are served), hands what waits over in order as the
+//! shard makes room, and then resumes the partitions.
 
 use super::headers::HeaderList;
 use super::producer::{deliveries_max, DeliveryRouter};
@@ -10,12 +13,17 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::ThreadedProducer;
-use std::sync::atomic::{AtomicBool, Ordering};
+use rdkafka::TopicPartitionList;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often the consumer thread checks that the broker answers.
 const KAFKA_PROBE_EVERY: Duration = Duration::from_secs(2);
+/// The consumer's poll timeout; shorter while messages wait for room.
+const POLL: Duration = Duration::from_millis(100);
+const POLL_WAITING: Duration = Duration::from_millis(5);
 
 /// A message from the input topic, owned, on its way to a shard.
 pub struct Inbound {
@@ -24,6 +32,35 @@ pub struct Inbound {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     pub headers: HeaderList,
+    /// Its share of the shard's inbox bytes, given back when this is
+    /// dropped (handled, published, skipped: however it ends).
+    pub charge: Charge,
+}
+
+impl Inbound {
+    /// The bytes it takes in the inbox bound.
+    pub fn bytes(&self) -> usize {
+        super::message_bytes("", &self.key, &self.value, &self.headers)
+    }
+}
+
+/// A message's share of its shard's inbox bytes (none until handed over).
+#[derive(Default)]
+pub struct Charge(Option<(Arc<AtomicUsize>, usize)>);
+
+impl Charge {
+    fn take(counter: &Arc<AtomicUsize>, bytes: usize) -> Charge {
+        counter.fetch_add(bytes, Ordering::Relaxed);
+        Charge(Some((counter.clone(), bytes)))
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if let Some((counter, bytes)) = self.0.take() {
+            counter.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 impl QueueShared {
@@ -73,6 +110,7 @@ impl QueueShared {
             producer,
             consumer: Arc::new(consumer),
             inboxes,
+            inbox_bytes: (0..shards).map(|_| Arc::default()).collect(),
             deliveries,
             kafka_up: AtomicBool::new(false),
             pg_health: Arc::new(super::pg::Health::new(shards)),
@@ -92,12 +130,11 @@ impl QueueShared {
 /// when the queue is stopped (dropping the senders ends the shards'
 /// enqueue tasks).
 fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<Inbound>>) {
-    let shards = inboxes.len();
-    let mut stall = super::failure::StallWatch::default();
+    let mut h = Handoff::new(&shared, inboxes);
     let mut last_error_log: Option<Instant> = None;
     let mut last_probe: Option<Instant> = None;
     while !shared.stopped.load(Ordering::Relaxed) {
-        stall.check(&shared);
+        h.stall.check(&shared);
         // Readiness: can the broker be reached? (An idle topic yields no
         // messages, so ask for metadata now and then.)
         if last_probe.is_none_or(|t| t.elapsed() >= KAFKA_PROBE_EVERY) {
@@ -108,7 +145,11 @@ fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<I
                 .is_ok();
             shared.kafka_up.store(up, Ordering::Relaxed);
         }
-        let Some(result) = shared.consumer.poll(Duration::from_millis(100)) else {
+        if !h.drain() {
+            return;
+        }
+        let timeout = if h.any_waiting() { POLL_WAITING } else { POLL };
+        let Some(result) = shared.consumer.poll(timeout) else {
             continue;
         };
         let m = match result {
@@ -122,26 +163,141 @@ fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<I
             }
         };
         shared.kafka_up.store(true, Ordering::Relaxed);
-        let mut headers = Vec::new();
-        if let Some(h) = m.headers() {
-            for i in 0..h.count() {
-                let hd = h.get(i);
-                headers.push((hd.key.to_string(), hd.value.map(<[u8]>::to_vec)));
+        if !h.offer(inbound_of(&m)) {
+            return;
+        }
+    }
+}
+
+/// An owned copy of a polled message.
+fn inbound_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Inbound {
+    let mut headers = Vec::new();
+    if let Some(h) = m.headers() {
+        for i in 0..h.count() {
+            let hd = h.get(i);
+            headers.push((hd.key.to_string(), hd.value.map(<[u8]>::to_vec)));
+        }
+    }
+    Inbound {
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers,
+        charge: Charge::default(),
+    }
+}
+
+/// Per shard: messages polled but not yet handed over, in order, and the
+/// partitions paused meanwhile. At most what librdkafka had fetched for a
+/// partition when it was paused (a pause drops the rest of its fetched
+/// messages; they are fetched again on resume).
+#[derive(Default)]
+struct Waiting {
+    messages: VecDeque<Inbound>,
+    paused: Vec<i32>,
+}
+
+/// The consumer thread's side of the inboxes.
+struct Handoff<'a> {
+    shared: &'a QueueShared,
+    inboxes: Vec<async_channel::Sender<Inbound>>,
+    waiting: Vec<Waiting>,
+    stall: super::failure::StallWatch,
+}
+
+impl<'a> Handoff<'a> {
+    fn new(shared: &'a QueueShared, inboxes: Vec<async_channel::Sender<Inbound>>) -> Self {
+        assert_eq!(inboxes.len(), shared.inbox_bytes.len());
+        Handoff {
+            shared,
+            waiting: inboxes.iter().map(|_| Waiting::default()).collect(),
+            inboxes,
+            stall: Default::default(),
+        }
+    }
+
+    fn any_waiting(&self) -> bool {
+        self.waiting.iter().any(|w| !w.messages.is_empty())
+    }
+
+    /// Whether shard `s`'s inbox takes a message of `bytes` now: a free
+    /// slot, and room in bytes (or nothing at all in hand, so that a
+    /// message larger than the bound still passes alone).
+    fn room(&self, s: usize, bytes: usize) -> bool {
+        if self.inboxes[s].is_full() {
+            return false;
+        }
+        let now = self.shared.inbox_bytes[s].load(Ordering::Relaxed);
+        now == 0 || now.saturating_add(bytes) <= self.shared.config.inbox_bytes_max
+    }
+
+    fn half_empty(&self, s: usize) -> bool {
+        let bytes = self.shared.inbox_bytes[s].load(Ordering::Relaxed);
+        self.inboxes[s].len() <= INBOX_CAPACITY / 2
+            && bytes <= self.shared.config.inbox_bytes_max / 2
+    }
+
+    /// Hand `m` to its shard, or keep it behind what already waits for that
+    /// shard and pause its partition. `false` when the inbox is closed.
+    fn offer(&mut self, m: Inbound) -> bool {
+        let s = m.partition.unsigned_abs() as usize % self.inboxes.len();
+        if self.waiting[s].messages.is_empty() && self.room(s, m.bytes()) {
+            return self.send(s, m);
+        }
+        let w = &mut self.waiting[s];
+        if !w.paused.contains(&m.partition) {
+            w.paused.push(m.partition);
+            self.pause_resume(m.partition, true);
+        }
+        self.waiting[s].messages.push_back(m);
+        true
+    }
+
+    /// Hand over what waits, in order, as far as there is room; resume a
+    /// shard's partitions once nothing waits for it and its inbox is at
+    /// most half full (so that each resume, which costs a fetch, brings
+    /// many messages, not one). `false` when an inbox is closed.
+    fn drain(&mut self) -> bool {
+        for s in 0..self.waiting.len() {
+            while let Some(bytes) = self.waiting[s].messages.front().map(Inbound::bytes) {
+                if !self.room(s, bytes) {
+                    break;
+                }
+                let Some(m) = self.waiting[s].messages.pop_front() else {
+                    break;
+                };
+                if !self.send(s, m) {
+                    return false;
+                }
+            }
+            if self.waiting[s].messages.is_empty() && self.half_empty(s) {
+                for p in std::mem::take(&mut self.waiting[s].paused) {
+                    self.pause_resume(p, false);
+                }
             }
         }
-        let inbound = Inbound {
-            partition: m.partition(),
-            offset: m.offset(),
-            key: m.key().map(<[u8]>::to_vec),
-            value: m.payload().map(<[u8]>::to_vec),
-            headers,
+        true
+    }
+
+    /// There is room (checked): `m` goes at once (or is dropped while the
+    /// node is out of the group after a Postgres stall).
+    fn send(&mut self, s: usize, mut m: Inbound) -> bool {
+        m.charge = Charge::take(&self.shared.inbox_bytes[s], m.bytes());
+        self.stall.hand_over(self.shared, &self.inboxes[s], m)
+    }
+
+    fn pause_resume(&self, partition: i32, pause: bool) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.shared.config.input_topic, partition);
+        let done = if pause {
+            self.shared.consumer.pause(&tpl)
+        } else {
+            self.shared.consumer.resume(&tpl)
         };
-        let shard = m.partition().unsigned_abs() as usize % shards;
-        assert!(shard < inboxes.len());
-        // Waits when the shard is behind: backpressure onto the consumer
-        // (and a Postgres stall is watched meanwhile).
-        if !stall.hand_over(&shared, &inboxes[shard], inbound) {
-            return;
+        if let Err(e) = done {
+            // Not assigned (any more): nothing is fetched for it here.
+            tracing::debug!(target: "chronos::queue", "pause {pause} partition {partition}: {e}");
         }
     }
 }

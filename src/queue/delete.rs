@@ -1,9 +1,10 @@
-//! Delete: rows whose publish the broker acknowledged, in batches of at
-//! most [`DELETE_BATCH_MAX`] IDs per statement. At shutdown the task
-//! deletes what is in hand, then ends.
+//! Delete: rows whose publish the broker acknowledged (or that can never
+//! be published), in batches of at most [`DELETE_BATCH_MAX`] IDs per
+//! statement. An ID stays in the shard's in-hand bound until its delete
+//! is done. At shutdown the task deletes what is in hand, then ends.
 
 use super::pg::retry_query;
-use super::QueueShard;
+use super::{id_bytes, QueueShard};
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -31,6 +32,8 @@ impl QueueShard {
                 return;
             };
             self.stats().record_pg_batch(started.elapsed());
+            let bytes: usize = ids.iter().map(|id| id_bytes(id)).sum();
+            self.in_hand.sub(ids.len(), bytes);
             if rows.len() < ids.len() {
                 let gone: std::collections::HashSet<String> =
                     rows.iter().map(|r| r.get::<_, String>(0)).collect();

@@ -1,8 +1,12 @@
-//! Enqueue: messages from the consumer thread, in batches. A message due
-//! within the timing advance is published at once (unless its ID already
-//! waits in the table); the rest are inserted with one `UNNEST` statement
-//! (idempotent on the ID). Offsets are stored for commit only afterwards.
+//! Enqueue: messages from the consumer thread, in batches, handled as seed
+//! 004 handles them one by one: a message due within the timing advance is
+//! published at once unless its ID waits in the table (from before, or
+//! stored by an earlier message of the batch); the rest are inserted with
+//! one `UNNEST` statement (idempotent on the ID). The late ones are handed
+//! to the producer before the insert, and their acknowledgements awaited
+//! after it; offsets are stored for commit only then.
 
+use super::consumer::Charge;
 use super::deadline::system_time_of;
 use super::headers::{headers_json, validate, HEADER_DEADLINE, HEADER_ID};
 use super::pg::{query_input, QueryError};
@@ -12,6 +16,7 @@ use crate::runtime::notify::Notify;
 use crate::stats::{ShardStats, REJECT_INVALID_HEADER, REJECT_UNSTORABLE};
 use rdkafka::consumer::Consumer;
 use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::rc::Rc;
 use std::time::{Instant, SystemTime};
@@ -27,7 +32,10 @@ struct Sorted {
     header_json: Vec<String>,
     keys: Vec<Option<Vec<u8>>>,
     values: Vec<Option<Vec<u8>>>,
-    late: Vec<(String, Inbound)>,
+    /// Late messages, each with the number of rows to store before it.
+    late: Vec<(String, Inbound, usize)>,
+    /// The batch's share of the inbox bytes, given back once it is done.
+    charges: Vec<Charge>,
 }
 
 impl QueueShard {
@@ -63,12 +71,17 @@ impl QueueShard {
     /// Handle one batch; `false` only at shutdown.
     async fn enqueue_batch(self: &Rc<Self>, batch: &mut Vec<Inbound>) -> bool {
         ShardStats::add(&self.stats().queue_consumed, batch.len() as u64);
-        let sorted = self.sort(batch);
+        let mut sorted = self.sort(batch);
         assert!(batch.is_empty(), "every message sorted");
+        // The late ones first, as seed 004 would: a row stored after a late
+        // message with its ID does not hold that message back.
+        let Some(wait) = self.publish_late(&mut sorted).await else {
+            return false;
+        };
         if !sorted.ids.is_empty() && !self.insert(&sorted).await {
             return false;
         }
-        if !sorted.late.is_empty() && !self.publish_late(sorted.late).await {
+        if !self.acknowledged(&wait).await {
             return false;
         }
         let topic = &self.cfg().input_topic;
@@ -88,6 +101,7 @@ impl QueueShard {
         let now_us = clock::unix_us() as i64;
         let advance_us = self.cfg().timing_advance_ms as i64 * 1000;
         for mut m in batch.drain(..) {
+            s.charges.push(std::mem::take(&mut m.charge));
             match s.last.iter_mut().find(|(p, _)| *p == m.partition) {
                 Some(entry) => entry.1 = entry.1.max(m.offset),
                 None => s.last.push((m.partition, m.offset)),
@@ -104,7 +118,7 @@ impl QueueShard {
             m.headers
                 .retain(|(k, _)| k != HEADER_ID && k != HEADER_DEADLINE);
             if deadline_us - advance_us <= now_us {
-                s.late.push((id, m));
+                s.late.push((id, m, s.ids.len()));
             } else {
                 s.ids.push(id);
                 s.deadlines.push(system_time_of(deadline_us));
@@ -177,35 +191,52 @@ impl QueueShard {
         Some(waiting)
     }
 
-    /// Seed 004: publish late messages at once unless the ID is already
-    /// waiting in the table, and wait for every acknowledgement; `false`
-    /// only at shutdown.
-    async fn publish_late(self: &Rc<Self>, late: Vec<(String, Inbound)>) -> bool {
-        let late_ids: Vec<&str> = late.iter().map(|(id, _)| id.as_str()).collect();
-        let Some(waiting) = self.waiting(&late_ids).await else {
-            return false;
-        };
+    /// Seed 004: hand the batch's late messages to the producer, unless
+    /// the ID already waits in the table or an earlier message of the
+    /// batch stores it (a duplicate ID among late ones is published once).
+    /// `None` only at shutdown; else what [`Self::acknowledged`] awaits.
+    async fn publish_late(self: &Rc<Self>, s: &mut Sorted) -> Option<Rc<Batch>> {
         let wait = Rc::new(Batch {
             left: Cell::new(0),
             done: Notify::default(),
         });
-        let mut published: std::collections::HashSet<String> = Default::default();
-        for (id, m) in late {
-            // Already waiting in the table, or a duplicate ID within this
-            // batch: published once.
-            if waiting.contains(&id) || !published.insert(id) {
+        if s.late.is_empty() {
+            return Some(wait);
+        }
+        let late = std::mem::take(&mut s.late);
+        let late_ids: Vec<&str> = late.iter().map(|(id, _, _)| id.as_str()).collect();
+        let waiting: HashSet<String> = self.waiting(&late_ids).await?.into_iter().collect();
+        let mut first_stored: HashMap<&str, usize> = HashMap::with_capacity(s.ids.len());
+        for (i, id) in s.ids.iter().enumerate() {
+            first_stored.entry(id.as_str()).or_insert(i);
+        }
+        let mut published: HashSet<String> = HashSet::with_capacity(late.len());
+        for (id, m, stored_before) in late {
+            let stored_earlier = first_stored
+                .get(id.as_str())
+                .is_some_and(|&i| i < stored_before);
+            if waiting.contains(&id) || stored_earlier || !published.insert(id.clone()) {
                 continue;
             }
             ShardStats::add(&self.stats().queue_late, 1);
             wait.left.set(wait.left.get() + 1);
             self.publish(Pending {
-                kind: Kind::Immediate(wait.clone()),
+                kind: Kind::Immediate {
+                    wait: wait.clone(),
+                    id,
+                },
                 key: m.key,
                 value: m.value,
                 headers: m.headers,
                 attempts: 0,
             });
         }
+        Some(wait)
+    }
+
+    /// Wait until every publish of `wait` was acknowledged (or refused for
+    /// good, counted and skipped); `false` only at shutdown.
+    async fn acknowledged(&self, wait: &Batch) -> bool {
         while wait.left.get() > 0 {
             if self.gate.is_closing() {
                 return false;

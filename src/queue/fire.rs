@@ -17,12 +17,15 @@ const FIRE_PER_TURN_MAX: usize = 1024;
 impl QueueShard {
     pub(super) async fn claim_loop(self: Rc<Self>) {
         let cfg = self.cfg().clone();
-        // Claimed messages held or being published stay below this: while
-        // the broker is away, claims stop instead of piling up in memory.
+        // Claimed messages held, being published or yet to be deleted stay
+        // below this, in messages and in bytes (one claim takes at least
+        // one row, so the bytes may pass the bound by one row): while the
+        // broker is away, claims stop instead of piling up in memory.
         let in_hand_max = cfg.claim_batch_max * CLAIMED_IN_HAND_BATCHES;
         while !self.gate.is_closing() {
-            let in_hand = self.held.borrow().len() + self.pending.borrow().len();
-            if in_hand >= in_hand_max {
+            let in_hand = self.in_hand.count.get();
+            let in_hand_bytes = self.in_hand.bytes.get();
+            if in_hand >= in_hand_max || in_hand_bytes >= cfg.in_hand_bytes_max {
                 self.pause(cfg.poll_interval_ms).await;
                 continue;
             }
@@ -32,7 +35,8 @@ impl QueueShard {
             assert!(limit > 0);
             let started = Instant::now();
             let node_id = &self.shared.node_id;
-            let bytes_max = cfg.claim_batch_bytes_max as i64;
+            let room = cfg.in_hand_bytes_max - in_hand_bytes;
+            let bytes_max = cfg.claim_batch_bytes_max.min(room) as i64;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
                 [&now, node_id, &horizon, &limit, &bytes_max];
             let Some(rows) = retry_query(&self.pg, |c| &c.ready, &params).await else {
@@ -77,6 +81,7 @@ impl QueueShard {
                     .unwrap_or_default(),
                 deadline_us,
             };
+            self.in_hand.add(1, h.bytes());
             let wait_us = (deadline_us - advance_us - now_unix_us).max(0) as u64;
             held.insert(now_ms + wait_us.div_ceil(1000), h);
         }

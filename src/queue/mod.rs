@@ -12,7 +12,8 @@
 //! Threads and shards:
 //! - one librdkafka consumer per node, polled by a plain thread
 //!   (`consumer.rs`), which hands each message to the shard owning its
-//!   partition (`partition % shards`) over a bounded awaitable channel;
+//!   partition (`partition % shards`) over a bounded awaitable channel
+//!   (pausing the partition while the shard has no room);
 //! - one librdkafka producer per node; its delivery callback routes each
 //!   acknowledgement back to the shard that sent the message
 //!   (`producer.rs`);
@@ -24,8 +25,19 @@
 //!
 //! At least once: an input offset is stored for commit only after every
 //! message up to it was inserted or published (acknowledged); a row is
-//! deleted only after its publish was acknowledged; a rejected publish is
-//! retried with backoff and never deleted.
+//! deleted only after its publish was acknowledged; a publish that failed
+//! for a transient reason is retried with backoff and never deleted. A
+//! message that can never be published (refused for good: too large, an
+//! invalid record, no right to write the output topic) is logged, counted
+//! as `unpublishable` and skipped (its row deleted, its offset committed),
+//! so that it cannot hold back the messages behind it.
+//!
+//! Bounded in messages and bytes: per shard, the inbox and the batch in
+//! hand (`INBOX_CAPACITY`, `inbox-bytes-max`: beyond them the consumer
+//! thread pauses the shard's partitions and keeps polling), and the
+//! claimed messages held, publishing or waiting for their delete
+//! (`CLAIMED_IN_HAND_BATCHES`, `in-hand-bytes-max`: beyond them claims
+//! stop).
 
 mod config;
 mod consumer;
@@ -55,15 +67,68 @@ use rdkafka::producer::ThreadedProducer;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Messages waiting per shard between the consumer thread and the shard.
+/// Messages waiting per shard between the consumer thread and the shard
+/// (and `[queue] inbox-bytes-max` bytes, with the batch being handled).
 pub const INBOX_CAPACITY: usize = 8192;
-/// Claimed messages a shard may hold or have in flight, in claim batches
-/// (16 × 2000: a full second of look-ahead at 20,000 messages/s, and more).
+/// Claimed messages a shard may hold, publish or have yet to delete, in
+/// claim batches (16 × 2000: a full second of look-ahead at 20,000
+/// messages/s, and more); and `[queue] in-hand-bytes-max` bytes.
 const CLAIMED_IN_HAND_BATCHES: usize = 16;
+/// What a message costs beyond its bytes (its structs and allocations),
+/// roughly, in the byte bounds: so that many empty messages count too.
+const MESSAGE_OVERHEAD_BYTES: usize = 128;
+/// What a header costs beyond its name and value, roughly.
+const HEADER_OVERHEAD_BYTES: usize = 48;
+
+/// The bytes a message takes in the byte bounds: ID, key, value, header
+/// names and values, and the overheads.
+fn message_bytes(
+    id: &str,
+    key: &Option<Vec<u8>>,
+    value: &Option<Vec<u8>>,
+    headers: &HeaderList,
+) -> usize {
+    let headers: usize = headers
+        .iter()
+        .map(|(k, v)| HEADER_OVERHEAD_BYTES + k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum();
+    MESSAGE_OVERHEAD_BYTES
+        + id.len()
+        + key.as_ref().map_or(0, Vec::len)
+        + value.as_ref().map_or(0, Vec::len)
+        + headers
+}
+
+/// The bytes an ID waiting for its delete takes in the in-hand bound.
+fn id_bytes(id: &str) -> usize {
+    MESSAGE_OVERHEAD_BYTES + id.len()
+}
+
+/// The claimed messages a shard has in hand, in messages and bytes:
+/// held in its wheel, being published, or waiting for their delete.
+#[derive(Default)]
+struct InHand {
+    count: Cell<usize>,
+    bytes: Cell<usize>,
+}
+
+impl InHand {
+    fn add(&self, count: usize, bytes: usize) {
+        self.count.set(self.count.get() + count);
+        self.bytes.set(self.bytes.get().saturating_add(bytes));
+    }
+
+    /// Give back what [`InHand::add`] took (never below zero).
+    fn sub(&self, count: usize, bytes: usize) {
+        debug_assert!(count <= self.count.get() && bytes <= self.bytes.get());
+        self.count.set(self.count.get().saturating_sub(count));
+        self.bytes.set(self.bytes.get().saturating_sub(bytes));
+    }
+}
 
 /// What every shard shares: the config, the node ID, Kafka clients, and
 /// the channel ends.
@@ -74,6 +139,9 @@ pub struct QueueShared {
     pub producer: ThreadedProducer<DeliveryRouter>,
     pub consumer: Arc<BaseConsumer<DefaultConsumerContext>>,
     inboxes: Vec<async_channel::Receiver<Inbound>>,
+    /// Per shard: the bytes of the messages in its inbox or its batch in
+    /// hand (each message's [`consumer::Charge`] gives its share back).
+    inbox_bytes: Vec<Arc<AtomicUsize>>,
     deliveries: Vec<async_channel::Receiver<Delivery>>,
     /// Whether the consumer has seen the broker answer.
     pub kafka_up: AtomicBool,
@@ -145,6 +213,12 @@ struct Held {
     deadline_us: i64,
 }
 
+impl Held {
+    fn bytes(&self) -> usize {
+        message_bytes(&self.id, &self.key, &self.value, &self.headers)
+    }
+}
+
 /// Waits for a set of immediate publishes.
 struct Batch {
     left: Cell<usize>,
@@ -152,10 +226,11 @@ struct Batch {
 }
 
 enum Kind {
-    /// From the table: delete the row once acknowledged.
+    /// From the table: delete the row once acknowledged (or refused for
+    /// good).
     Held { id: String, deadline_us: i64 },
     /// Late on arrival: the enqueue batch waits for it.
-    Immediate(Rc<Batch>),
+    Immediate { wait: Rc<Batch>, id: String },
 }
 
 /// A publish in flight.
@@ -165,6 +240,19 @@ struct Pending {
     value: Option<Vec<u8>>,
     headers: HeaderList,
     attempts: u32,
+}
+
+impl Pending {
+    fn id(&self) -> &str {
+        match &self.kind {
+            Kind::Held { id, .. } | Kind::Immediate { id, .. } => id,
+        }
+    }
+
+    /// As [`Held::bytes`] for a message from the table.
+    fn bytes(&self) -> usize {
+        message_bytes(self.id(), &self.key, &self.value, &self.headers)
+    }
 }
 
 /// One shard's part of the queue.
@@ -179,6 +267,7 @@ pub struct QueueShard {
     pending: RefCell<HashMap<usize, Pending>>,
     next_token: Cell<usize>,
     to_delete: RefCell<Vec<String>>,
+    in_hand: InHand,
     delete_wake: Notify,
     rng: Cell<u64>,
     publish_warned: Cell<Option<Instant>>,
@@ -209,6 +298,7 @@ impl QueueShard {
             pending: RefCell::new(HashMap::new()),
             next_token: Cell::new(0),
             to_delete: RefCell::new(Vec::new()),
+            in_hand: InHand::default(),
             delete_wake: Notify::default(),
             rng: Cell::new(clock::unix_us() | 1),
             publish_warned: Cell::new(None),

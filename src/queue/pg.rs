@@ -256,7 +256,11 @@ impl Pg {
     /// refusing a message).
     fn discard(&self, conn: &Rc<Conn>) {
         conn.give_up();
-        let current = self.conn.borrow().as_ref().is_some_and(|c| Rc::ptr_eq(c, conn));
+        let current = self
+            .conn
+            .borrow()
+            .as_ref()
+            .is_some_and(|c| Rc::ptr_eq(c, conn));
         if current {
             self.conn.borrow_mut().take();
             self.set_up(false);
@@ -409,7 +413,8 @@ pub enum QueryError {
 /// Postgres refused the message itself (`08P01`, protocol violation: a
 /// message over its 1 GB limit), then closed the connection.
 fn is_refused_message(e: &tokio_postgres::Error) -> bool {
-    e.as_db_error().is_some_and(|db| db.code().code() == "08P01")
+    e.as_db_error()
+        .is_some_and(|db| db.code().code() == "08P01")
 }
 
 /// Errors that retrying cannot fix, because the data is at fault: data

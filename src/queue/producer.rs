@@ -1,12 +1,17 @@
 //! Publishing: the producer side of the queue. Every publish has a token
 //! (the shard in its top bits); librdkafka's delivery callback routes each
-//! report back to that shard over a bounded channel; a rejected publish is
-//! retried with backoff, an acknowledged one completes its message (the row
-//! is queued for deletion, or the enqueue batch that waits is told).
+//! report back to that shard over a bounded channel. A publish that failed
+//! for a transient reason is retried with backoff; one the producer or the
+//! broker refused for good ([`is_permanent`]: too large, an invalid record,
+//! no right to write the output topic) is logged, counted as
+//! `unpublishable` and skipped. Either end, acknowledged or skipped,
+//! completes its message: the row is queued for deletion, or the enqueue
+//! batch that waits is told.
 
-use super::{Kind, Pending, QueueConfig, QueueShard, CLAIMED_IN_HAND_BATCHES};
+use super::{id_bytes, Kind, Pending, QueueConfig, QueueShard, CLAIMED_IN_HAND_BATCHES};
 use crate::runtime::clock;
-use crate::stats::ShardStats;
+use crate::stats::{ShardStats, REJECT_UNPUBLISHABLE};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext};
 use rdkafka::ClientContext;
@@ -28,7 +33,50 @@ const PUBLISH_BACKOFF_MS_MAX: u64 = 5_000;
 /// A publish acknowledgement (or failure) for the shard that sent it.
 pub struct Delivery {
     pub(super) token: usize,
-    pub(super) result: Result<(), String>,
+    pub(super) result: Result<(), Refusal>,
+}
+
+/// Why a publish failed, and whether for good.
+pub struct Refusal {
+    why: String,
+    permanent: bool,
+}
+
+impl Refusal {
+    fn of(e: &KafkaError) -> Refusal {
+        Refusal {
+            why: e.to_string(),
+            permanent: e.rdkafka_error_code().is_some_and(is_permanent),
+        }
+    }
+}
+
+/// The errors that refuse a message for good: the same message to the same
+/// topic can never be accepted, so retrying would hold it (and everything
+/// waiting behind it) for ever. Everything else is retried: the broker or
+/// the network away, leader changes, timeouts, a full local queue, an
+/// unknown topic or partition (it may yet be created), too few in-sync
+/// replicas, quotas, a corrupt message (a CRC error: retriable in Kafka),
+/// and a fatal idempotent-producer error (the node must be restarted).
+pub fn is_permanent(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        // Over `message.max.bytes`: the producer's (checked when handed
+        // over), or the broker's or the topic's.
+        C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            // The broker's record validation (e.g. no key on a compacted
+            // topic, a timestamp out of range, headers on an old format),
+            // or one librdkafka cannot encode.
+            | C::InvalidRecord
+            | C::InvalidTimestamp
+            | C::UnsupportedForMessageFormat
+            | C::BadMessage
+            // This node may not write the output topic, or cannot name it.
+            | C::TopicAuthorizationFailed
+            | C::InvalidTopic
+    )
 }
 
 /// Routes delivery reports to the sending shard (the shard is in the
@@ -47,7 +95,7 @@ impl ProducerContext for DeliveryRouter {
     fn delivery(&self, result: &DeliveryResult<'_>, token: usize) {
         let result = match result {
             Ok(_) => Ok(()),
-            Err((e, _)) => Err(e.to_string()),
+            Err((e, _)) => Err(Refusal::of(e)),
         };
         let shard = token >> TOKEN_SHARD_SHIFT;
         let Some(tx) = self.senders.get(shard) else {
@@ -64,7 +112,7 @@ impl ProducerContext for DeliveryRouter {
 
 impl QueueShard {
     /// Hand a message to the producer (retried with backoff while its queue
-    /// is full).
+    /// is full; skipped if refused for good).
     pub(super) fn publish(self: &Rc<Self>, p: Pending) {
         let token = (self.shard << TOKEN_SHARD_SHIFT)
             | (self.next_token.get() & ((1 << TOKEN_SHARD_SHIFT) - 1));
@@ -110,7 +158,52 @@ impl QueueShard {
             self.shared.producer.send(record).map_err(|(e, _)| e)
         };
         if let Err(e) = outcome {
-            self.retry_later(token, &e.to_string());
+            self.failed(token, Refusal::of(&e));
+        }
+    }
+
+    fn failed(self: &Rc<Self>, token: usize, r: Refusal) {
+        if r.permanent {
+            self.refused(token, &r.why);
+        } else {
+            self.retry_later(token, &r.why);
+        }
+    }
+
+    /// A publish refused for good: logged (every one, with its ID), counted
+    /// and skipped, and then completed like an acknowledged one.
+    fn refused(&self, token: usize, why: &str) {
+        let Some(p) = self.pending.borrow_mut().remove(&token) else {
+            return;
+        };
+        ShardStats::add(&self.stats().queue_rejected[REJECT_UNPUBLISHABLE], 1);
+        let id = p.id();
+        tracing::warn!(target: "chronos::queue", "message {id} cannot be published, skipped (counted as unpublishable): {why}");
+        self.complete(p, false);
+    }
+
+    /// A publish ended (`published`, or refused for good): a row is queued
+    /// for deletion, a late message's batch is told.
+    fn complete(&self, p: Pending, published: bool) {
+        let bytes = p.bytes();
+        match p.kind {
+            Kind::Held { id, deadline_us } => {
+                if published {
+                    let stats = self.stats();
+                    ShardStats::add(&stats.queue_fired, 1);
+                    stats.record_queue_lateness(clock::unix_us() as i64 - deadline_us);
+                }
+                // Still in hand until deleted, as its ID only.
+                self.in_hand.sub(0, bytes.saturating_sub(id_bytes(&id)));
+                self.to_delete.borrow_mut().push(id);
+                self.delete_wake.notify();
+            }
+            Kind::Immediate { wait, .. } => {
+                wait.left.set(wait.left.get().saturating_sub(1));
+                if wait.left.get() == 0 {
+                    wait.done.notify();
+                }
+            }
         }
     }
 
@@ -150,29 +243,14 @@ impl QueueShard {
             let Some(Ok(d)) = self.gate.unless_closing(rx.recv()).await else {
                 return;
             };
-            if let Err(e) = d.result {
-                self.retry_later(d.token, &e);
+            if let Err(r) = d.result {
+                self.failed(d.token, r);
                 continue;
             }
             let Some(p) = self.pending.borrow_mut().remove(&d.token) else {
                 continue;
             };
-            let stats = self.stats();
-            match p.kind {
-                Kind::Held { id, deadline_us } => {
-                    ShardStats::add(&stats.queue_fired, 1);
-                    let late_us = clock::unix_us() as i64 - deadline_us;
-                    stats.record_queue_lateness(late_us);
-                    self.to_delete.borrow_mut().push(id);
-                    self.delete_wake.notify();
-                }
-                Kind::Immediate(batch) => {
-                    batch.left.set(batch.left.get() - 1);
-                    if batch.left.get() == 0 {
-                        batch.done.notify();
-                    }
-                }
-            }
+            self.complete(p, true);
         }
     }
 }

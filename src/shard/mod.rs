@@ -19,6 +19,7 @@
 //! | `replication.rs` | the replication body, built in one place, and pop replication |
 //! | `view.rs` | the cluster view this shard works under, and replica placement |
 //! | `pop.rs` | the pop loop, its state, callback dispatch |
+//! | `targets.rs` | callback admission per target: in-flight shares, held pops promoted as the target's callbacks end |
 //! | `resync.rs` | the serving side of resync: GET pages, DELETE references |
 //! | `rebalance.rs` | the requesting side of resync: page every node, apply seed 003's rules |
 //! | `mesh.rs` | the messages shards exchange |
@@ -31,6 +32,7 @@ pub mod rebalance;
 mod replication;
 pub mod resync;
 mod store;
+mod targets;
 mod view;
 
 pub use mesh::{MeshMsg, Reply};

@@ -3,6 +3,7 @@
 //! task. The loop itself never waits on the network. It holds the shard's
 //! gate and ends as soon as shutdown begins.
 
+use super::targets::{target_of, Targets};
 use super::Shard;
 use crate::http::client::CallbackKey;
 use crate::runtime::clock;
@@ -11,7 +12,7 @@ use crate::stats::ShardStats;
 use crate::timer::Timer;
 use futures_lite::future;
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -19,9 +20,11 @@ use std::time::{Duration, Instant};
 pub const POPS_PER_TURN_MAX: usize = 1024;
 /// Longest sleep with nothing due (the wheel's deadline may move).
 const IDLE_SLEEP_MS: u64 = 100;
-/// A pop whose target has its whole share of callback slots in flight is
-/// put back this long (late, not lost).
-pub const TARGET_RETRY_MS: u64 = 100;
+/// A held pop ([`super::targets`]) goes back into the wheel this far
+/// ahead: it is normally promoted sooner, when its target's next callback
+/// ends; this is the fallback (a full held queue, or a promotion that
+/// found the store busy).
+pub const HELD_FALLBACK_MS: u64 = 1000;
 
 /// What the pop loop and the code that feeds it share.
 pub struct PopState {
@@ -34,10 +37,8 @@ pub struct PopState {
     /// Callback tasks spawned and not yet finished: counted at the spawn,
     /// so the bound holds before a task first runs.
     in_flight: Cell<usize>,
-    /// Callbacks in flight per target (a hash of the URI's authority):
-    /// entries only for targets with one in flight, so at most
-    /// `callback-in-flight-max` entries.
-    per_target: RefCell<HashMap<u64, u32>>,
+    /// Callbacks in flight and held pops per target.
+    targets: Targets,
     /// Final pops in flight on a node that keeps no tombstones (nothing of
     /// the timer is left in the store): a client operation on the ID
     /// removes it, which withdraws the callback if it still waits for its
@@ -59,15 +60,8 @@ impl Drop for Slot {
         let pop = &self.shard.pop;
         assert!(pop.in_flight.get() > 0, "a slot was taken");
         pop.in_flight.set(pop.in_flight.get() - 1);
-        let mut per_target = pop.per_target.borrow_mut();
-        let n = per_target
-            .get_mut(&self.target)
-            .expect("counted at dispatch");
-        assert!(*n > 0);
-        *n -= 1;
-        if *n == 0 {
-            per_target.remove(&self.target);
-        }
+        pop.targets.give_back(self.target);
+        promote_held(&self.shard, self.target);
         if let Some(unique) = self.final_unique {
             pop.finals.borrow_mut().remove(&unique);
         }
@@ -77,15 +71,38 @@ impl Drop for Slot {
     }
 }
 
-/// The target a callback URI names, as a hash of its authority (`host:port`
-/// after the scheme, up to the path): callbacks are admitted per target.
-pub fn target_of(uri: &str) -> u64 {
-    let rest = uri.split_once("://").map_or(uri, |(_, r)| r);
-    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-    // FNV-1a: a few bytes, no allocation.
-    authority.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b.to_ascii_lowercase() as u64).wrapping_mul(0x0100_0000_01b3)
-    })
+/// The part of `callback-in-flight-max` (a quarter) only targets under
+/// their share may take.
+const RESERVE_DIVISOR: usize = 4;
+
+/// Held IDs looked at per ended callback (a held ID whose timer was
+/// deleted or updated since is passed over).
+const PROMOTE_TRIES_MAX: usize = 8;
+
+/// One of `target`'s callbacks ended: put its oldest held pop that is
+/// still held back into the wheel as due now.
+fn promote_held(shard: &Shard, target: u64) {
+    for _ in 0..PROMOTE_TRIES_MAX {
+        let Some(unique) = shard.pop.targets.next_held(target) else {
+            return;
+        };
+        // Never inside a borrow of the store (a slot is dropped at the end
+        // of its task); the fallback time covers a busy store anyway.
+        let Ok(mut store) = shard.store.try_borrow_mut() else {
+            return;
+        };
+        let now = clock::now_ms();
+        let held = store
+            .get(unique)
+            .is_some_and(|(due, t)| due > now && !t.is_tombstone() && target_of(t.uri()) == target);
+        if held {
+            let timer = store.remove(unique).expect("just found");
+            store.insert(now, timer);
+            drop(store);
+            shard.pop.wake_if_before(now);
+            return;
+        }
+    }
 }
 
 impl Default for PopState {
@@ -95,7 +112,7 @@ impl Default for PopState {
             blocked: Cell::new(false),
             armed_ms: Cell::new(u64::MAX),
             in_flight: Cell::new(0),
-            per_target: RefCell::new(HashMap::new()),
+            targets: Targets::default(),
             finals: RefCell::new(HashSet::new()),
         }
     }
@@ -122,12 +139,6 @@ impl PopState {
     /// on it since (a node that keeps no tombstones).
     pub fn is_final_in_flight(&self, unique: u64) -> bool {
         self.finals.borrow().contains(&unique)
-    }
-
-    /// Whether `target` has less than `max` callbacks in flight.
-    fn target_has_room(&self, target: u64, max: usize) -> bool {
-        let n = self.per_target.borrow().get(&target).copied().unwrap_or(0);
-        (n as usize) < max
     }
 }
 
@@ -185,7 +196,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
         let target = target_of(timer.uri());
         let late_ms = now.saturating_sub(due_ms.min(timer.next_pop_ms(skew)));
         let Some(wait) = pop_wait(shard, &timer, target, late_ms) else {
-            hold_back(shard, now, late_ms, timer);
+            hold_back(shard, now, late_ms, target, timer);
             continue;
         };
         ShardStats::add(&stats.timers_popped, 1);
@@ -218,18 +229,23 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
 /// as it takes (no later replica or site), `Some(Some(w))` what is left
 /// of `callback-wait-ms` (the skew rule counts the wait from the
 /// schedule, not from the dispatch), `None` not now: its target has its
-/// share of the callback slots in flight (`callback-in-flight-per-target-max`),
-/// or it is too late to start before the next replica's turn.
+/// share of the callback slots in flight (`callback-in-flight-per-target-max`)
+/// and the shard's reserve is reached, or it is too late to start before
+/// the next replica's turn.
 fn pop_wait(shard: &Shard, timer: &Timer, target: u64, late_ms: u64) -> Option<Option<Duration>> {
     let timers = &shard.resolved.config.timers;
     let later = has_later_pop_elsewhere(shard, timer);
     if later && late_ms >= timers.callback_wait_ms {
         return None;
     }
-    if !shard
-        .pop
-        .target_has_room(target, timers.callback_in_flight_per_target_max)
-    {
+    // A target may go past its share while more than the reserve of the
+    // slots is free (a burst to one healthy target keeps its parallelism);
+    // the reserve is kept for targets under their share.
+    let max = timers.callback_in_flight_max;
+    let reserve = max / RESERVE_DIVISOR;
+    let spare = shard.pop.in_flight.get() + reserve < max;
+    let share_max = timers.callback_in_flight_per_target_max;
+    if !spare && !shard.pop.targets.has_room(target, share_max) {
         return None;
     }
     Some(later.then(|| Duration::from_millis(timers.callback_wait_ms - late_ms)))
@@ -237,19 +253,27 @@ fn pop_wait(shard: &Shard, timer: &Timer, target: u64, late_ms: u64) -> Option<O
 
 /// A pop that may not start now ([`pop_wait`]): left to the next replica
 /// once it is `callback-wait-ms` late (as a pop waiting for a connection
-/// is), else put back for `TARGET_RETRY_MS`, so a slow or hanging target
-/// never holds up other targets' pops. Late, not lost.
-fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, timer: Timer) {
+/// is), else held ([`super::targets`]): back in the wheel until its
+/// target's next callback ends (or its fallback time), so a slow or
+/// hanging target never holds up other targets' pops. Late, not lost.
+fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Timer) {
     let stats = shard.my_stats();
     let wait_ms = shard.resolved.config.timers.callback_wait_ms;
-    if has_later_pop_elsewhere(shard, &timer) && late_ms >= wait_ms {
+    let later = has_later_pop_elsewhere(shard, &timer);
+    if later && late_ms >= wait_ms {
         ShardStats::add(&stats.callbacks_deferred, 1);
         shard.refresh_gauges(&shard.store.borrow());
         return;
     }
     ShardStats::add(&stats.callbacks_held, 1);
-    let again = now + TARGET_RETRY_MS;
-    shard.store.borrow_mut().insert(again, timer);
+    // With a later replica, come back by the time it is to be left to it.
+    let fallback_ms = if later {
+        HELD_FALLBACK_MS.min(wait_ms - late_ms)
+    } else {
+        HELD_FALLBACK_MS
+    };
+    shard.pop.targets.hold(target, timer.unique);
+    shard.store.borrow_mut().insert(now + fallback_ms, timer);
 }
 
 /// Whether another replica (or site) pops `timer` after this node.
@@ -277,7 +301,7 @@ fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration
         "the pop loop keeps the bound"
     );
     pop.in_flight.set(pop.in_flight.get() + 1);
-    *pop.per_target.borrow_mut().entry(target).or_default() += 1;
+    pop.targets.take(target);
     let final_pop = !popped.has_next_pop();
     let final_unique = (final_pop && !shard.keeps_tombstones()).then_some(popped.unique);
     if let Some(unique) = final_unique {

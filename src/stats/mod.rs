@@ -96,7 +96,7 @@ counters! {
     callbacks_failed: "Callbacks that failed (non-2xx, timeout, connection error).",
     callbacks_deferred: "Pops left to the next replica: no connection to the target came free within callback-wait-ms (or the target's share of callback slots stayed full that long).",
     callbacks_withdrawn: "Callbacks withdrawn unsent: the timer was deleted or replaced while its callback waited for a connection.",
-    callbacks_held: "Pops put back for 100 ms because their target already had callback-in-flight-per-target-max callbacks in flight.",
+    callbacks_held: "Pops held back because their target had its share of the callback slots in flight (callback-in-flight-per-target-max) with three quarters of the slots taken; each comes back when one of its target's callbacks ends.",
     http_requests: "HTTP requests handled.",
     http_errors: "HTTP requests answered with a 4xx or 5xx status.",
     connections_rejected: "Connections refused with 503 at the connection bound.",

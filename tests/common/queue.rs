@@ -194,13 +194,8 @@ pub fn produce_to(p: &BaseProducer, topic: &str, partition: i32, messages: &[Inp
 }
 
 /// The offsets `group` committed on `topic`'s partitions `0..partitions`
-/// (-1 where none), and the partitions' end offsets.
-pub fn committed_and_end(
-    brokers: &str,
-    group: &str,
-    topic: &str,
-    partitions: i32,
-) -> (Vec<i64>, Vec<i64>) {
+/// (-1 where none). (tansu's high watermarks are not record offsets.)
+pub fn committed_offsets(brokers: &str, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", group)
@@ -212,17 +207,14 @@ pub fn committed_and_end(
     }
     let t = Duration::from_secs(10);
     let committed = c.committed_offsets(tpl, t).expect("committed offsets");
-    let mut done = Vec::new();
-    let mut end = Vec::new();
-    for i in 0..partitions {
-        let o = committed.find_partition(topic, i).map(|e| e.offset());
-        done.push(match o {
-            Some(rdkafka::Offset::Offset(n)) => n,
-            _ => -1,
-        });
-        end.push(c.fetch_watermarks(topic, i, t).expect("watermarks").1);
-    }
-    (done, end)
+    (0..partitions)
+        .map(
+            |i| match committed.find_partition(topic, i).map(|e| e.offset()) {
+                Some(rdkafka::Offset::Offset(n)) => n,
+                _ => -1,
+            },
+        )
+        .collect()
 }
 
 /// Produce one message whose header values are raw bytes, and wait for
