@@ -344,15 +344,25 @@ fn a_node_whose_postgres_stalls_leaves_the_group_and_another_takes_over() {
     eprintln!("all delivered {took:?} into A's stall");
 }
 
-/// The peak resident memory of a process, bytes (`VmHWM`).
-fn peak_rss(pid: u32) -> u64 {
+/// A process's memory figure from `/proc/<pid>/status`, bytes.
+fn proc_status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM");
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
     kb * 1024
+}
+
+/// The peak resident memory of a process, bytes.
+fn peak_rss(pid: u32) -> u64 {
+    proc_status_bytes(pid, "VmHWM:")
+}
+
+/// The resident memory of a process, bytes.
+fn rss(pid: u32) -> u64 {
+    proc_status_bytes(pid, "VmRSS:")
 }
 
 /// Values received on the output topic, by key: (length, first byte).
@@ -470,8 +480,13 @@ fn an_input_batch_beyond_postgres_s_message_limit_is_stored_and_delivered() {
     eprintln!("produced 1.13 GB in {:?}", started.elapsed());
     proxy.hold(true);
     let node = node_via(&s, &proxy, "");
-    // The node reads its input meanwhile.
-    std::thread::sleep(Duration::from_secs(8));
+    // The node reads its input meanwhile: all of it, without a bound in
+    // bytes (then it holds more than the data), or as much as its bounds
+    // let it (then the hold ends after 15 s).
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until && rss(node.child.id()) < 1_200 << 20 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     proxy.hold(false);
     let reader = SizeReader::start(&s.broker.brokers(), &s.output);
     let stored_by = Instant::now() + Duration::from_secs(90);

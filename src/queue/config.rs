@@ -259,6 +259,9 @@ mod tests {
     #[test]
     fn defaults_pass() {
         assert_eq!(parse(""), Ok(()));
+        // As chronos.sample.toml says.
+        assert_eq!(QueueConfig::default_inbox_bytes_max(), 33_554_432);
+        assert_eq!(QueueConfig::default_in_hand_bytes_max(), 67_108_864);
     }
 
     #[test]

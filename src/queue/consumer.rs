@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 const KAFKA_PROBE_EVERY: Duration = Duration::from_secs(2);
 /// The consumer's poll timeout; shorter while messages wait for room.
 const POLL: Duration = Duration::from_millis(100);
-const POLL_WAITING: Duration = Duration::from_millis(5);
+const POLL_WAITING: Duration = Duration::from_millis(10);
 
 /// A message from the input topic, owned, on its way to a shard.
 pub struct Inbound {
@@ -134,7 +134,10 @@ fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<I
     let mut last_error_log: Option<Instant> = None;
     let mut last_probe: Option<Instant> = None;
     while !shared.stopped.load(Ordering::Relaxed) {
-        h.stall.check(&shared);
+        if h.stall.check(&shared) {
+            // Out of the group: what waits is dropped (see StallWatch).
+            h.waiting.iter_mut().for_each(|w| w.messages.clear());
+        }
         // Readiness: can the broker be reached? (An idle topic yields no
         // messages, so ask for metadata now and then.)
         if last_probe.is_none_or(|t| t.elapsed() >= KAFKA_PROBE_EVERY) {
@@ -241,6 +244,9 @@ impl<'a> Handoff<'a> {
     /// Hand `m` to its shard, or keep it behind what already waits for that
     /// shard and pause its partition. `false` when the inbox is closed.
     fn offer(&mut self, m: Inbound) -> bool {
+        if self.stall.is_out() {
+            return true;
+        }
         let s = m.partition.unsigned_abs() as usize % self.inboxes.len();
         if self.waiting[s].messages.is_empty() && self.room(s, m.bytes()) {
             return self.send(s, m);
@@ -284,7 +290,7 @@ impl<'a> Handoff<'a> {
     /// node is out of the group after a Postgres stall).
     fn send(&mut self, s: usize, mut m: Inbound) -> bool {
         m.charge = Charge::take(&self.shared.inbox_bytes[s], m.bytes());
-        self.stall.hand_over(self.shared, &self.inboxes[s], m)
+        self.stall.hand_over(&self.inboxes[s], m)
     }
 
     fn pause_resume(&self, partition: i32, pause: bool) {

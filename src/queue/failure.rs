@@ -151,7 +151,12 @@ impl QueueShard {
     }
 }
 
-/// The consumer thread's side of a Postgres stall.
+/// The consumer thread's side of a Postgres stall. While the node is out
+/// of the group, every message polled (and every one waiting for room) is
+/// dropped, so that the thread keeps polling and the leave completes. That
+/// loses nothing: no message after a dropped one reaches a shard, so no
+/// offset past it is stored, and whoever owns the partition next reads it
+/// again from the committed offset.
 #[derive(Default)]
 pub struct StallWatch {
     /// Whether the node left the group because of a stall.
@@ -159,17 +164,25 @@ pub struct StallWatch {
 }
 
 impl StallWatch {
+    /// Whether the node is out of the group (messages are dropped).
+    pub fn is_out(&self) -> bool {
+        self.left
+    }
+
     /// Called by the consumer thread each turn: leave the consumer group
     /// while some shard's Postgres has been unusable longer than `[queue]
     /// postgres-stall-leave-ms`, join again once every shard's answers.
-    pub fn check(&mut self, shared: &QueueShared) {
+    /// `true` when it just left: drop what waits for room.
+    pub fn check(&mut self, shared: &QueueShared) -> bool {
         let stalled_ms = shared.pg_health.stalled_ms();
         let bound = shared.config.postgres_stall_leave_ms;
         if !self.left && stalled_ms > bound {
             tracing::warn!(target: "chronos::queue", "Postgres unusable for {stalled_ms} ms (postgres-stall-leave-ms = {bound}): leaving the consumer group, so that another node takes this node's partitions");
             shared.consumer.unsubscribe();
             self.left = true;
-        } else if self.left && stalled_ms == 0 {
+            return true;
+        }
+        if self.left && stalled_ms == 0 {
             let topic = shared.config.input_topic.as_str();
             match shared.consumer.subscribe(&[topic]) {
                 Ok(()) => {
@@ -181,39 +194,23 @@ impl StallWatch {
                 }
             }
         }
+        false
     }
-}
 
-impl StallWatch {
-    /// Hand `m` to its shard's inbox, waiting while it is full; `false`
-    /// when the inbox is closed or the queue stops. While it waits, a
-    /// Postgres stall is watched. Once the node left the group, `m` and
-    /// every message polled until it joins again are dropped, so that the
-    /// thread keeps polling and the leave completes. That loses nothing:
-    /// no message after a dropped one reaches a shard, so no offset past it
-    /// is stored, and whoever owns the partition next reads it again from
-    /// the committed offset.
+    /// Hand `m` to its shard's inbox (which has room), or drop it while
+    /// the node is out of the group; `false` when the inbox is closed.
     pub fn hand_over(
         &mut self,
-        shared: &QueueShared,
         inbox: &async_channel::Sender<super::Inbound>,
         m: super::Inbound,
     ) -> bool {
-        let mut m = m;
-        loop {
-            if self.left {
-                return true;
-            }
-            match inbox.try_send(m) {
-                Ok(()) => return true,
-                Err(async_channel::TrySendError::Closed(_)) => return false,
-                Err(async_channel::TrySendError::Full(back)) => m = back,
-            }
-            if shared.stopped.load(std::sync::atomic::Ordering::Relaxed) {
-                return false;
-            }
-            self.check(shared);
-            std::thread::sleep(Duration::from_millis(2));
+        if self.left {
+            return true;
+        }
+        match inbox.try_send(m) {
+            Ok(()) => true,
+            Err(async_channel::TrySendError::Closed(_)) => false,
+            Err(async_channel::TrySendError::Full(m)) => inbox.send_blocking(m).is_ok(),
         }
     }
 }
