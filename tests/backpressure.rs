@@ -68,37 +68,6 @@ fn pipelined_metrics(bytes: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A TCP connection to `to` from the local address `from` (port 0).
-fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
-    assert!(fd >= 0);
-    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(ip.octets()),
-        },
-        sin_zero: [0; 8],
-    };
-    let SocketAddr::V4(to) = to else {
-        panic!("IPv4 only")
-    };
-    let local = sockaddr(from.parse().unwrap(), 0);
-    let remote = sockaddr(*to.ip(), to.port());
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    unsafe {
-        assert_eq!(
-            libc::bind(fd, &local as *const _ as *const libc::sockaddr, len),
-            0
-        );
-        assert_eq!(
-            libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len),
-            0
-        );
-        std::os::fd::FromRawFd::from_raw_fd(fd)
-    }
-}
-
 /// One `GET /ping` on `s`; the status, or `None` if the server closed.
 fn ping_on(s: &mut TcpStream) -> Option<u16> {
     s.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;

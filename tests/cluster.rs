@@ -373,21 +373,6 @@ fn put_repeating(node: &Node, ids: &[String], sink: &Sink, prefix: &str) -> Vec<
         .collect()
 }
 
-/// Rewrite a node's config file, SIGHUP it, and wait for the reload.
-fn reload(node: &Node, config: &str) {
-    std::fs::write(node.config_path(), config).unwrap();
-    node.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !node.log_text().contains("cluster reloaded") {
-        assert!(
-            Instant::now() < deadline,
-            "no reload logged:\n{}",
-            node.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Every timer called back on a path under `prefix` popped each sequence
 /// number exactly once, from 1 up, at least 4 times.
 fn assert_each_sequence_once(pops: &[Pop], prefix: &str) {
@@ -463,10 +448,10 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
     // repeating timer before node 2: in between, node 1 replicates its pops
     // under the new view to node 2, still on the old one, which must take
     // them (a view it never held may be newer) or pop them again 2 s later.
-    reload(&n1, &joined_config(1, port));
+    reload_config(&n1, &joined_config(1, port));
     wait_pops_since(&sink, "/r/", 6, 1, Instant::now());
     n1.wait_replication_settled(Duration::from_secs(5));
-    reload(&n2, &joined_config(2, port));
+    reload_config(&n2, &joined_config(2, port));
     let reloaded = Instant::now();
     let fresh: Vec<String> = (0..30)
         .map(|_| n1.create(&body("3600", None, &sink.uri("/fresh"), "f", 2)))
@@ -510,7 +495,7 @@ fn sighup_scale_down_drains_the_leaving_node() {
             "[runtime]\ncores = 1\n[cluster]\nlocalhost = \"127.0.0.{}:{port}\"\nnode = [\"127.0.0.1:{port}\", \"127.0.0.2:{port}\"]\nleaving = [\"127.0.0.3:{port}\"]\n",
             i + 1
         );
-        reload(node, &config);
+        reload_config(node, &config);
     }
     // Two more pops of every timer, each re-placing it.
     let reloaded = Instant::now();

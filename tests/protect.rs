@@ -469,7 +469,7 @@ fn connections_per_source_are_capped() {
         r.text()
     );
     // Another source address is not affected.
-    let other = socket2_connect_from("127.0.0.2", node.addr);
+    let other = connect_from("127.0.0.2", node.addr);
     let mut other = other;
     assert_eq!(ping(&mut other).status, 200);
     // A slot freed by this source is taken again.
@@ -485,36 +485,5 @@ fn connections_per_source_are_capped() {
             "the freed slot was not given back"
         );
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A TCP connection to `to` from the local address `from` (port 0).
-fn socket2_connect_from(from: &str, to: std::net::SocketAddr) -> std::net::TcpStream {
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
-    assert!(fd >= 0);
-    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(ip.octets()),
-        },
-        sin_zero: [0; 8],
-    };
-    let local = sockaddr(from.parse().unwrap(), 0);
-    let std::net::SocketAddr::V4(to) = to else {
-        panic!("IPv4 only")
-    };
-    let remote = sockaddr(*to.ip(), to.port());
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    unsafe {
-        assert_eq!(
-            libc::bind(fd, &local as *const _ as *const libc::sockaddr, len),
-            0
-        );
-        assert_eq!(
-            libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len),
-            0
-        );
-        std::os::fd::FromRawFd::from_raw_fd(fd)
     }
 }

@@ -19,7 +19,7 @@ mod common;
 
 use common::*;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -203,15 +203,6 @@ impl Pipeline {
     }
 }
 
-/// Rewrite a node's config file, SIGHUP it, and wait for the reload.
-fn reload(node: &Node, config: &str) {
-    std::fs::write(node.config_path(), config).unwrap();
-    node.signal(libc::SIGHUP);
-    wait_until(Duration::from_secs(10), "the reload", || {
-        node.log_text().contains("cluster reloaded")
-    });
-}
-
 /// Item 1: a joiner's resync listing is built by a sliced scan; tombstones
 /// of the same incarnations under the new view (a resync's own traffic)
 /// arrive between the slices and leave informational copies. The node
@@ -228,7 +219,7 @@ fn a_resync_listing_survives_tombstones_arriving_during_its_scan() {
         .map(|i| body("600", None, &format!("http://127.0.0.1:9/r/{i}"), 2))
         .collect();
     conn.post_all(&bodies);
-    reload(
+    reload_config(
         &node,
         &solo.replace(&format!("[\"{a}\"]"), &format!("[\"{a}\", \"{j}\"]")),
     );
@@ -324,30 +315,9 @@ impl FakePeer {
         let mut writer = stream.try_clone().unwrap();
         let mut reader = BufReader::new(stream);
         loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            let Some((path, _, body)) = read_request(&mut reader) else {
                 return;
-            }
-            let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-            let mut len = 0;
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                    return;
-                }
-                if h.trim_end().is_empty() {
-                    break;
-                }
-                if let Some((n, v)) = h.split_once(':') {
-                    if n.eq_ignore_ascii_case("content-length") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                }
-            }
-            let mut body = vec![0; len];
-            if reader.read_exact(&mut body).is_err() {
-                return;
-            }
+            };
             let body = String::from_utf8_lossy(&body).into_owned();
             let refuse = {
                 let mut got = got.lock().unwrap();

@@ -75,25 +75,27 @@ fn per_path(sink: &Sink) -> BTreeMap<String, usize> {
     per
 }
 
-/// `Ok` when `node` can pop nothing more and has handed every cross-site
-/// message it queued to its site (or given up on it).
-fn site_node_idle(node: &Node) -> Result<(), String> {
-    node_idle(node)?;
+/// Cross-site messages of `node` by outcome, summed over sites.
+fn site_messages(node: &Node, outcome: &str) -> f64 {
     let text = node.request("GET", "/metrics", "").text();
-    let sum = |outcome: &str| -> f64 {
-        text.lines()
-            .filter(|l| {
-                l.starts_with("chronos_site_replication_total")
-                    && l.contains(&format!("outcome=\"{outcome}\""))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let (queued, done) = (
-        sum("enqueued"),
-        sum("sent") + sum("failed") + sum("dropped"),
-    );
-    match done >= queued {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("chronos_site_replication_total")
+                && l.contains(&format!("outcome=\"{outcome}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `Ok` when `node` has handed every cross-site message it queued to its
+/// site (or given up on it); `at_least`: and queued more than that.
+fn sites_settled(node: &Node, at_least: f64) -> Result<(), String> {
+    let queued = site_messages(node, "enqueued");
+    let done = ["sent", "failed", "dropped"]
+        .iter()
+        .map(|o| site_messages(node, o))
+        .sum::<f64>();
+    match queued > at_least && done >= queued {
         true => Ok(()),
         false => Err(format!(
             "{}: {done} of {queued} cross-site messages done",
@@ -102,49 +104,26 @@ fn site_node_idle(node: &Node) -> Result<(), String> {
     }
 }
 
+/// `Ok` when `node` can pop nothing more and has handed every cross-site
+/// message it queued to its site (or given up on it).
+fn site_node_idle(node: &Node) -> Result<(), String> {
+    node_idle(node)?;
+    sites_settled(node, -1.0)
+}
+
 /// Wait until no node of `nodes` can pop again, seen on two polls in a
 /// row (a message in flight between sites has landed by then).
 fn wait_sites_idle(nodes: &[&Node]) {
-    let mut idle_before = false;
-    wait_until("every site to be idle", Duration::from_secs(30), || {
-        let busy: Vec<String> = nodes
-            .iter()
-            .filter_map(|n| site_node_idle(n).err())
-            .collect();
-        let idle_twice = busy.is_empty() && idle_before;
-        idle_before = busy.is_empty();
-        match (idle_twice, busy.is_empty()) {
-            (true, _) => Ok(()),
-            (false, true) => Err("idle once".into()),
-            (false, false) => Err(busy.join("; ")),
-        }
-    });
+    wait_all(nodes, Duration::from_secs(30), site_node_idle);
 }
 
 /// Wait until `node` has handed every cross-site message to its site.
 fn wait_sites_settled(node: &Node) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = node.request("GET", "/metrics", "").text();
-        let sum = |outcome: &str| -> f64 {
-            text.lines()
-                .filter(|l| {
-                    l.starts_with("chronos_site_replication_total")
-                        && l.contains(&format!("outcome=\"{outcome}\""))
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
-        if sum("enqueued") > 0.0 && sum("sent") + sum("failed") + sum("dropped") >= sum("enqueued")
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "cross-site replication did not settle:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        "cross-site replication to settle",
+        Duration::from_secs(10),
+        || sites_settled(node, 0.0),
+    );
 }
 
 /// Two sites of two nodes each, no failure: every timer pops exactly once

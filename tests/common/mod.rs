@@ -390,37 +390,17 @@ fn serve_sink(stream: TcpStream, pops: Arc<(Mutex<Vec<Pop>>, Condvar)>, behaviou
     let mut writer = stream.try_clone().unwrap();
     let mut reader = BufReader::new(stream);
     loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        let Some((path, headers, body)) = read_request(&mut reader) else {
             return;
-        }
-        let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-        let mut len = 0usize;
-        let mut sequence = 0u32;
-        let mut content_type = String::new();
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((n, v)) = h.split_once(':') {
-                let v = v.trim();
-                match n.to_ascii_lowercase().as_str() {
-                    "content-length" => len = v.parse().unwrap_or(0),
-                    "x-sequence-number" => sequence = v.parse().unwrap_or(0),
-                    "content-type" => content_type = v.to_string(),
-                    _ => {}
-                }
-            }
-        }
-        let mut body = vec![0; len];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
+        };
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or("", |(_, v)| v.as_str())
+        };
+        let sequence: u32 = header("x-sequence-number").parse().unwrap_or(0);
+        let content_type = header("content-type").to_string();
         let ok = match behaviour {
             Behaviour::Ok | Behaviour::Slow(_) => true,
             Behaviour::Fail | Behaviour::Hang => false,
@@ -555,7 +535,7 @@ pub fn wait_pops_done(nodes: &[&Node], timeout: Duration) {
     wait_all(nodes, timeout, node_pops_done);
 }
 
-fn wait_all(nodes: &[&Node], timeout: Duration, state: fn(&Node) -> Result<(), String>) {
+pub fn wait_all(nodes: &[&Node], timeout: Duration, state: fn(&Node) -> Result<(), String>) {
     let mut idle_before = false;
     wait_until("every node to be idle", timeout, || {
         let busy: Vec<String> = nodes.iter().filter_map(|n| state(n).err()).collect();
@@ -603,4 +583,86 @@ pub fn start_cluster(n: usize, cores: usize, extra: &str) -> Vec<Node> {
             )
         })
         .collect()
+}
+
+/// A TCP connection to `to` from the local address `from` (port 0).
+pub fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+    assert!(fd >= 0);
+    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    let SocketAddr::V4(to) = to else {
+        panic!("IPv4 only")
+    };
+    let local = sockaddr(from.parse().unwrap(), 0);
+    let remote = sockaddr(*to.ip(), to.port());
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    unsafe {
+        assert_eq!(
+            libc::bind(fd, &local as *const _ as *const libc::sockaddr, len),
+            0
+        );
+        assert_eq!(
+            libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len),
+            0
+        );
+        std::os::fd::FromRawFd::from_raw_fd(fd)
+    }
+}
+
+/// Rewrite a node's config file, SIGHUP it, and wait for the reload.
+pub fn reload_config(node: &Node, config: &str) {
+    std::fs::write(node.config_path(), config).unwrap();
+    node.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !node.log_text().contains("cluster reloaded") {
+        assert!(
+            Instant::now() < deadline,
+            "no reload logged:\n{}",
+            node.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A request as a test server reads it: path, headers (names in lower
+/// case), body.
+pub type ReadRequest = (String, Vec<(String, String)>, Vec<u8>);
+
+/// One HTTP/1.1 request read from `reader`; `None` at end of stream or on
+/// a malformed head.
+pub fn read_request(reader: &mut impl BufRead) -> Option<ReadRequest> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((n, v)) = h.split_once(':') {
+            headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    let len: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).ok()?;
+    Some((path, headers, body))
 }
