@@ -285,6 +285,33 @@ impl Default for LogConfig {
 
 pub use crate::queue::QueueConfig;
 
+/// The level names a log filter directive may use.
+pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// Check `[log] level` (`--log-level`, `CHRONOS_LOG_LEVEL`): comma-separated
+/// directives, each a level name or `target=level`. A bare word that is not
+/// a level would be taken by the filter as a target enabled at every level,
+/// so `verbose` or `warning` silenced the whole log; such a word is refused
+/// unless it names a target path (`chronos::http`).
+pub fn check_log_filter(filter: &str) -> Result<(), String> {
+    let levels = LOG_LEVELS.join(", ");
+    for directive in filter.split(',').map(str::trim) {
+        let (target, level) = match directive.split_once('=') {
+            Some((t, l)) => (t, Some(l)),
+            None if LOG_LEVELS.contains(&directive.to_ascii_lowercase().as_str()) => continue,
+            None => (directive, None),
+        };
+        let level_ok = level.is_none_or(|l| LOG_LEVELS.contains(&l.to_ascii_lowercase().as_str()));
+        let target_ok = !target.is_empty() && (level.is_some() || target.contains("::"));
+        if !level_ok || !target_ok {
+            return Err(format!(
+                "[log] level {filter:?}: {directive:?} is not a level ({levels}) or a target=level directive"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The whole file.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
@@ -528,6 +555,7 @@ impl Config {
                 return Err("[runtime] mesh-channel-capacity must be positive".into());
             }
         }
+        check_log_filter(&self.log.level)?;
         Ok((ip, shards))
     }
 
@@ -829,6 +857,22 @@ mod tests {
     }
 
     #[test]
+    fn log_filters_are_levels_or_target_directives() {
+        for good in [
+            "info",
+            "WARN",
+            "off",
+            "chronos=debug",
+            "warn,chronos::http=trace",
+        ] {
+            assert!(check_log_filter(good).is_ok(), "{good}");
+        }
+        for bad in ["verbose", "warning", "", "info,", "=debug", "chronos=loud"] {
+            assert!(check_log_filter(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn invalid_configs_fail_clearly() {
         let table = [
             ("[http]\nbind-port = \"x\"", "bind-port"),
@@ -840,6 +884,13 @@ mod tests {
             ("[cluster]\nnode = [\"10.0.0.9:1\"]", "not in the cluster"),
             ("[timers]\ncallback-timeout-ms = 0", "callback-timeout-ms"),
             ("[http]\nwrite-timeout-ms = 0", "write-timeout-ms"),
+            ("[log]\nlevel = \"verbose\"", "\"verbose\" is not a level"),
+            ("[log]\nlevel = \"info,warning\"", "\"warning\" is not a level"),
+            ("[log]\nlevel = \"chronos=loud\"", "[log] level"),
+            (
+                "[timers]\ncallback-in-flight-per-target-max = 5000",
+                "callback-in-flight-per-target-max = 5000",
+            ),
             ("[cluster]\nreplication-queue-max = 0", "replication-queue-max"),
             (
                 "[queue]\nkafka-brokers = \"k:1\"\ninput-topic = \"a\"\noutput-topic = \"b\"\npostgres-url = \"postgres://u@h:5432/d\"\ntable = \"x; drop\"",

@@ -317,6 +317,8 @@ fn invalid_config_fails_before_binding() {
         ("[runtime]\ncores = 999\n", "cores"),
         ("[cluster]\nnode = [\"not-an-address\"]\n", "cluster"),
         ("[nonsense]\nx = 1\n", "nonsense"),
+        // A filter word that is not a level used to silence the whole log.
+        ("[log]\nlevel = \"warning\"\n", "not a level"),
     ];
     for (text, needle) in table {
         let path = dir.join("bad.toml");

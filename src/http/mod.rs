@@ -209,19 +209,28 @@ pub fn status_text(status: u16) -> &'static str {
     match status {
         100 => "Continue",
         200 => "OK",
+        201 => "Created",
         202 => "Accepted",
         204 => "No Content",
         206 => "Partial Content",
         400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
+        409 => "Conflict",
         411 => "Length Required",
         413 => "Content Too Large",
+        416 => "Range Not Satisfiable",
         417 => "Expectation Failed",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
         503 => "Service Unavailable",
+        504 => "Gateway Timeout",
         _ => "Unknown",
     }
 }
@@ -273,6 +282,19 @@ pub fn format_u32(buf: &mut [u8; 10], mut v: u32) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_status_the_node_sends_has_its_reason_phrase() {
+        // Every status written by the server, the API and the queue's
+        // /ready (kept in step with `write_response` callers).
+        let sent = [
+            100, 200, 202, 206, 400, 403, 404, 405, 408, 409, 411, 413, 417, 429, 431, 500, 503,
+        ];
+        for status in sent {
+            assert_ne!(super::status_text(status), "Unknown", "{status}");
+        }
+        assert_eq!(super::status_text(403), "Forbidden");
+    }
+
     use super::*;
 
     fn parse(buf: &[u8]) -> Parsed<'_> {

@@ -291,3 +291,33 @@ fn push_halves(ranges: &mut Vec<Range<usize>>, r: Range<usize>) {
     ranges.push(mid..r.end);
     ranges.push(r.start..mid);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sorted(values: &[usize]) -> Sorted {
+        let mut s = Sorted::default();
+        for (i, &n) in values.iter().enumerate() {
+            s.ids.push(format!("{i}"));
+            s.deadlines.push(SystemTime::UNIX_EPOCH);
+            s.header_json.push(String::new());
+            s.keys.push(None);
+            s.values.push(Some(vec![0; n]));
+        }
+        s
+    }
+
+    /// Consecutive ranges of at most the bound (a larger row alone), the
+    /// first on top of the stack.
+    #[test]
+    fn byte_ranges_split_by_bytes() {
+        // Each row is its value plus a one-byte ID.
+        let s = sorted(&[9, 9, 9, 29, 9, 0]);
+        let mut got = byte_ranges(&s, 20);
+        got.reverse();
+        assert_eq!(got, vec![0..2, 2..3, 3..4, 4..6]);
+        assert_eq!(byte_ranges(&s, usize::MAX), vec![0..6]);
+        assert_eq!(byte_ranges(&sorted(&[5]), 1), vec![0..1]);
+    }
+}

@@ -168,7 +168,9 @@ impl QueueShared {
             .filter(|s| !s.pg_up.load(Ordering::Relaxed))
             .count();
         if pg_down > 0 {
-            missing.push(format!("Postgres not connected on {pg_down} shard(s)"));
+            missing.push(format!(
+                "Postgres not connected or not answering on {pg_down} shard(s)"
+            ));
         }
         if !self.kafka_up.load(Ordering::Relaxed) {
             missing.push("Kafka broker not answering".to_string());

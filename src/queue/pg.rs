@@ -572,3 +572,32 @@ async fn prepare(
         task,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_reports_the_longest_stall() {
+        let h = Health::new(3);
+        assert_eq!(h.stalled_ms(), 0);
+        let now = clock::unix_ms();
+        h.set(1, now - 5_000);
+        h.set(2, now - 1_000);
+        let stalled = h.stalled_ms();
+        assert!((5_000..6_000).contains(&stalled), "{stalled}");
+        h.set(1, 0);
+        assert!(h.stalled_ms() < 2_000);
+        h.set(7, now); // no such shard: ignored
+        h.set(2, 0);
+        assert_eq!(h.stalled_ms(), 0);
+    }
+
+    #[test]
+    fn the_claim_caps_rows_and_bytes_and_uses_the_primary_key() {
+        let sql = claim_sql("t");
+        assert!(sql.contains("id = ANY(ARRAY("));
+        assert!(sql.contains("LIMIT $4 FOR UPDATE SKIP LOCKED"));
+        assert!(sql.contains("before < $5::bigint"));
+    }
+}
