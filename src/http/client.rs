@@ -47,8 +47,12 @@ const FIRST_READ: usize = 1024;
 
 struct HostPool {
     idle: RefCell<Vec<TcpStream>>,
-    /// Requests waiting for a lane (callbacks), oldest first.
+    /// Requests waiting for a lane (callbacks), oldest first; entries a
+    /// lane took out of order or whose caller withdrew them stay until
+    /// they reach the front (every lane drops those first).
     jobs: RefCell<VecDeque<Rc<Job>>>,
+    /// Jobs in `jobs` neither taken nor withdrawn.
+    queued: Cell<usize>,
     /// Requests per pipelined batch to this target (adapted per batch).
     batch_limit: Cell<usize>,
     permits: Permits,
@@ -59,6 +63,14 @@ struct HostPool {
 }
 
 impl HostPool {
+    /// `job` leaves the waiting state (taken or withdrawn): counted once.
+    fn settle(&self, job: &Job) {
+        if !job.taken.get() && !job.withdrawn.get() {
+            assert!(self.queued.get() > 0, "a waiting job is counted");
+            self.queued.set(self.queued.get() - 1);
+        }
+    }
+
     /// A target that has just failed takes at most `QUEUED_PER_HOST_MAX`
     /// waiting requests (`queued` now): beyond it they fail at once, so a
     /// dead target cannot hold every in-flight slot.
@@ -96,8 +108,6 @@ pub struct CallbackKey {
     pub unique: u64,
     pub version: u64,
     pub sequence: u32,
-    /// The timer's last pop.
-    pub final_pop: bool,
 }
 
 /// Whether a queued callback should still be sent (set by the layer that
@@ -131,11 +141,12 @@ impl Job {
 }
 
 /// Withdraws a job not yet taken when its caller stops waiting.
-struct Withdraw<'a>(&'a Job);
+struct Withdraw<'a>(&'a Job, &'a HostPool);
 
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
         if !self.0.taken.get() {
+            self.1.settle(self.0);
             self.0.withdrawn.set(true);
         }
     }
@@ -164,6 +175,7 @@ fn take_jobs(pool: &HostPool, own: &Rc<Job>, wanted: &Option<Wanted>, batch: &mu
             return;
         }
         let unwanted = job.key.zip(wanted.as_ref()).is_some_and(|(k, w)| !w(&k));
+        pool.settle(job);
         if unwanted {
             job.withdrawn.set(true);
             *job.result.borrow_mut() = Some(Err(Failure::Withdrawn));
@@ -175,6 +187,14 @@ fn take_jobs(pool: &HostPool, own: &Rc<Job>, wanted: &Option<Wanted>, batch: &mu
     };
     take(own, batch);
     let mut jobs = pool.jobs.borrow_mut();
+    // Entries taken out of order or withdrawn, at the front: gone first,
+    // so the queue holds no more than the jobs behind its oldest live one.
+    while jobs
+        .front()
+        .is_some_and(|j| j.taken.get() || j.withdrawn.get())
+    {
+        jobs.pop_front();
+    }
     while batch.len() < limit {
         let Some(job) = jobs.pop_front() else { break };
         take(&job, batch);
@@ -362,8 +382,7 @@ impl Client {
             .await
             .map_err(unsent)?;
         let pool = self.pool(addr);
-        pool.admit_waiter(addr, pool.jobs.borrow().len())
-            .map_err(unsent)?;
+        pool.admit_waiter(addr, pool.queued.get()).map_err(unsent)?;
         let mut request = self.take_buffer();
         build_request(
             &mut request,
@@ -375,7 +394,8 @@ impl Client {
         );
         let job = Rc::new(Job::new(request, Some(key)));
         pool.jobs.borrow_mut().push_back(job.clone());
-        let _withdraw = Withdraw(&job);
+        pool.queued.set(pool.queued.get() + 1);
+        let _withdraw = Withdraw(&job, &pool);
         loop {
             let result = job.result.borrow_mut().take();
             if let Some(result) = result {
@@ -690,6 +710,7 @@ impl Client {
             idle: RefCell::new(Vec::new()),
             permits: Permits::new(self.per_host_max),
             jobs: RefCell::new(VecDeque::new()),
+            queued: Cell::new(0),
             batch_limit: Cell::new(LANE_BATCH_FIRST),
             waiting: Cell::new(0),
             failed_at: Cell::new(None),

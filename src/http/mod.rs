@@ -290,9 +290,9 @@ mod tests {
             100, 200, 202, 206, 400, 403, 404, 405, 408, 409, 411, 413, 417, 429, 431, 500, 503,
         ];
         for status in sent {
-            assert_ne!(super::status_text(status), "Unknown", "{status}");
+            assert_ne!(status_text(status), "Unknown", "{status}");
         }
-        assert_eq!(super::status_text(403), "Forbidden");
+        assert_eq!(status_text(403), "Forbidden");
     }
 
     use super::*;

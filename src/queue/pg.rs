@@ -74,13 +74,25 @@ impl Health {
     }
 }
 
-/// Cancels a connection's task when dropped (a handshake given up, or a
-/// connection replaced), so that a stalled socket is closed, not kept.
-struct TaskGuard(glommio::task::JoinHandle<()>);
+/// Cancels a connection's task when dropped before the connection is
+/// ready (a handshake given up), so that a stalled socket is closed, not
+/// kept.
+struct TaskGuard(Option<glommio::task::JoinHandle<()>>);
+
+impl TaskGuard {
+    /// The connection is ready: its task is kept (a [`Conn`] cancels it
+    /// when given up; dropped, its client gone, the task ends by itself
+    /// after telling Postgres).
+    fn keep(mut self) -> glommio::task::JoinHandle<()> {
+        self.0.take().expect("kept once")
+    }
+}
 
 impl Drop for TaskGuard {
     fn drop(&mut self) {
-        self.0.cancel();
+        if let Some(task) = &self.0 {
+            task.cancel();
+        }
     }
 }
 
@@ -96,14 +108,14 @@ pub struct Conn {
     pub refresh: Statement,
     /// Set when the connection task ends or the connection is given up.
     broken: Rc<Cell<bool>>,
-    /// The connection task, cancelled with the connection.
-    task: TaskGuard,
+    /// The connection task, cancelled when the connection is given up.
+    task: glommio::task::JoinHandle<()>,
 }
 
 impl Conn {
     fn give_up(&self) {
         self.broken.set(true);
-        self.task.0.cancel();
+        self.task.cancel();
     }
 }
 
@@ -318,7 +330,7 @@ impl Pg {
             .map_err(|e| format!("Postgres handshake: {e}"))?;
         let broken = Rc::new(Cell::new(false));
         let flag = broken.clone();
-        let task = TaskGuard(
+        let task = TaskGuard(Some(
             glommio::spawn_local(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(target: "chronos::queue", "Postgres connection ended: {e}");
@@ -326,7 +338,7 @@ impl Pg {
                 flag.set(true);
             })
             .detach(),
-        );
+        ));
         // Idempotent; two shards racing on the catalog retry via backoff.
         let t = &self.table;
         let setup = format!(
@@ -569,7 +581,7 @@ async fn prepare(
         stuck,
         reset,
         broken,
-        task,
+        task: task.keep(),
     })
 }
 

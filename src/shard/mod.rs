@@ -181,16 +181,11 @@ impl Shard {
 
     /// Whether stale messages can come from elsewhere (other nodes, or
     /// other sites), so that deletes and final pops leave tombstones.
-    /// Whether a callback still waiting for its lane should be sent: the
-    /// store holds the incarnation it pops (a tombstone of it after its
-    /// final pop included), or, on a node that keeps no tombstones, its
-    /// final pop with no client operation since. A delete or an update
-    /// withdraws it.
+    /// Whether a callback still waiting for its lane should be sent: no
+    /// operation has replaced or deleted its incarnation since its pop
+    /// was taken (`PopState::dispatched`).
     pub fn callback_wanted(&self, key: &CallbackKey) -> bool {
-        match self.store.borrow().get(key.unique) {
-            Some((_, t)) => t.version == key.version,
-            None => key.final_pop && self.pop.is_final_in_flight(key.unique),
-        }
+        self.pop.is_wanted(key.unique, key.version)
     }
 
     pub fn keeps_tombstones(&self) -> bool {

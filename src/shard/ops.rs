@@ -108,9 +108,10 @@ impl Shard {
             return Ok(());
         }
         // The body's size, over-estimated (escapes, tags, replica list).
+        // JSON escapes take at most 6 bytes per byte (`\u00XX`).
         let bytes = BODY_BYTES_BASE
-            + spec.uri.len()
-            + 2 * spec.opaque.len()
+            + 6 * spec.uri.len()
+            + 6 * spec.opaque.len()
             + 64 * spec.tags.len()
             + 32 * pl.count;
         let mut rest = replicas;
@@ -339,9 +340,6 @@ impl Shard {
         );
         let unique = head.id.unique;
         let tombstone = spec.is_none_or(|s| s.is_tombstone());
-        if from_client {
-            self.pop.forget_final(unique);
-        }
         let mut store = self.store.borrow_mut();
         let existing = store
             .get(unique)
@@ -359,6 +357,9 @@ impl Shard {
                 "timer capacity of this shard is exhausted",
             ));
         }
+        // Applied: a callback of another incarnation still waiting for its
+        // lane is withdrawn (a delete or an update came after its pop).
+        self.pop.replaced(unique, head.version);
         let timer = match spec {
             Some(s) if !tombstone => {
                 let mut tags = [(0u32, 0u32); TAGS_MAX];

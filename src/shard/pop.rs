@@ -12,7 +12,7 @@ use crate::stats::ShardStats;
 use crate::timer::Timer;
 use futures_lite::future;
 use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -39,11 +39,12 @@ pub struct PopState {
     in_flight: Cell<usize>,
     /// Callbacks in flight and held pops per target.
     targets: Targets,
-    /// Final pops in flight on a node that keeps no tombstones (nothing of
-    /// the timer is left in the store): a client operation on the ID
-    /// removes it, which withdraws the callback if it still waits for its
-    /// lane. At most `callback-in-flight-max` entries.
-    finals: RefCell<HashSet<u64>>,
+    /// Pops dispatched and not yet finished, per ID: the incarnation's
+    /// version and how many of its pops are in flight. An operation that
+    /// replaces or deletes the incarnation removes the entry, which
+    /// withdraws its callbacks still waiting for a lane. At most
+    /// `callback-in-flight-max` entries.
+    dispatched: RefCell<HashMap<u64, (u64, u32)>>,
 }
 
 /// Gives a callback slot (and its target's share) back on every exit
@@ -51,8 +52,9 @@ pub struct PopState {
 struct Slot {
     shard: Rc<Shard>,
     target: u64,
-    /// The ID, when it is in `PopState::finals`.
-    final_unique: Option<u64>,
+    /// The pop's incarnation, counted in `PopState::dispatched`.
+    unique: u64,
+    version: u64,
 }
 
 impl Drop for Slot {
@@ -62,18 +64,38 @@ impl Drop for Slot {
         pop.in_flight.set(pop.in_flight.get() - 1);
         pop.targets.give_back(self.target);
         promote_held(&self.shard, self.target);
-        if let Some(unique) = self.final_unique {
-            pop.finals.borrow_mut().remove(&unique);
-        }
+        pop.forget_dispatched(self.unique, self.version);
         if pop.blocked.replace(false) {
             pop.wake.notify();
         }
     }
 }
 
-/// The part of `callback-in-flight-max` (a quarter) only targets under
-/// their share may take.
+/// The part of `callback-in-flight-max` (a quarter) kept from targets
+/// past their share.
 const RESERVE_DIVISOR: usize = 4;
+/// In the reserve, a target takes a slot only while its callbacks in
+/// flight are fewer than the free slots over this: many targets under
+/// their share (many hanging ones) cannot drain it, and one with nothing
+/// in flight can always take the last slot.
+const RESERVE_SPREAD: usize = 8;
+
+/// Whether a callback to `target` may start now. Free for all while more
+/// than the reserve is free (a burst to one healthy target keeps its
+/// parallelism); in the reserve, only for a target under its share
+/// (`callback-in-flight-per-target-max`) with few in flight next to the
+/// free slots.
+fn may_start(shard: &Shard, target: u64) -> bool {
+    let timers = &shard.resolved.config.timers;
+    let max = timers.callback_in_flight_max;
+    let taken = shard.pop.in_flight.get();
+    if taken + max / RESERVE_DIVISOR < max {
+        return true;
+    }
+    let free = max.saturating_sub(taken);
+    let mine = shard.pop.targets.in_flight(target);
+    mine < timers.callback_in_flight_per_target_max && mine * RESERVE_SPREAD < free
+}
 
 /// Held IDs looked at per ended callback (a held ID whose timer was
 /// deleted or updated since is passed over).
@@ -83,7 +105,7 @@ const PROMOTE_TRIES_MAX: usize = 8;
 /// still held back into the wheel as due now.
 fn promote_held(shard: &Shard, target: u64) {
     for _ in 0..PROMOTE_TRIES_MAX {
-        let Some(unique) = shard.pop.targets.next_held(target) else {
+        let Some((unique, held_due_ms)) = shard.pop.targets.next_held(target) else {
             return;
         };
         // Never inside a borrow of the store (a slot is dropped at the end
@@ -92,9 +114,12 @@ fn promote_held(shard: &Shard, target: u64) {
             return;
         };
         let now = clock::now_ms();
-        let held = store
-            .get(unique)
-            .is_some_and(|(due, t)| due > now && !t.is_tombstone() && target_of(t.uri()) == target);
+        // Still the held pop: at the fallback time it was put back at (an
+        // update, a replicated pop or its own fallback has moved it
+        // otherwise: a pop is never promoted ahead of its schedule).
+        let held = store.get(unique).is_some_and(|(due, t)| {
+            due == held_due_ms && due > now && !t.is_tombstone() && target_of(t.uri()) == target
+        });
         if held {
             let timer = store.remove(unique).expect("just found");
             store.insert(now, timer);
@@ -103,6 +128,7 @@ fn promote_held(shard: &Shard, target: u64) {
             return;
         }
     }
+    shard.pop.targets.drop_held_if_idle(target);
 }
 
 impl Default for PopState {
@@ -113,7 +139,7 @@ impl Default for PopState {
             armed_ms: Cell::new(u64::MAX),
             in_flight: Cell::new(0),
             targets: Targets::default(),
-            finals: RefCell::new(HashSet::new()),
+            dispatched: RefCell::new(HashMap::new()),
         }
     }
 }
@@ -126,19 +152,44 @@ impl PopState {
         }
     }
 
-    /// A client operation on `unique`: a final pop's callback still waiting
-    /// for its lane is no longer wanted.
-    pub fn forget_final(&self, unique: u64) {
-        let mut finals = self.finals.borrow_mut();
-        if !finals.is_empty() {
-            finals.remove(&unique);
+    /// An operation stores incarnation `version` of `unique`: the pops of
+    /// any other incarnation still waiting for a lane are no longer wanted.
+    pub fn replaced(&self, unique: u64, version: u64) {
+        let mut dispatched = self.dispatched.borrow_mut();
+        if dispatched.get(&unique).is_some_and(|(v, _)| *v != version) {
+            dispatched.remove(&unique);
         }
     }
 
-    /// Whether `unique`'s final pop is in flight with no client operation
-    /// on it since (a node that keeps no tombstones).
-    pub fn is_final_in_flight(&self, unique: u64) -> bool {
-        self.finals.borrow().contains(&unique)
+    /// Whether a pop of incarnation `version` of `unique` is still wanted:
+    /// dispatched, and not replaced or deleted since.
+    pub fn is_wanted(&self, unique: u64, version: u64) -> bool {
+        self.dispatched
+            .borrow()
+            .get(&unique)
+            .is_some_and(|(v, _)| *v == version)
+    }
+
+    fn add_dispatched(&self, unique: u64, version: u64) {
+        let mut dispatched = self.dispatched.borrow_mut();
+        let entry = dispatched.entry(unique).or_insert((version, 0));
+        if entry.0 != version {
+            // A newer incarnation: the older one's pops are not wanted.
+            *entry = (version, 0);
+        }
+        entry.1 += 1;
+    }
+
+    fn forget_dispatched(&self, unique: u64, version: u64) {
+        let mut dispatched = self.dispatched.borrow_mut();
+        if let Some(entry) = dispatched.get_mut(&unique) {
+            if entry.0 == version {
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    dispatched.remove(&unique);
+                }
+            }
+        }
     }
 }
 
@@ -238,14 +289,7 @@ fn pop_wait(shard: &Shard, timer: &Timer, target: u64, late_ms: u64) -> Option<O
     if later && late_ms >= timers.callback_wait_ms {
         return None;
     }
-    // A target may go past its share while more than the reserve of the
-    // slots is free (a burst to one healthy target keeps its parallelism);
-    // the reserve is kept for targets under their share.
-    let max = timers.callback_in_flight_max;
-    let reserve = max / RESERVE_DIVISOR;
-    let spare = shard.pop.in_flight.get() + reserve < max;
-    let share_max = timers.callback_in_flight_per_target_max;
-    if !spare && !shard.pop.targets.has_room(target, share_max) {
+    if !may_start(shard, target) {
         return None;
     }
     Some(later.then(|| Duration::from_millis(timers.callback_wait_ms - late_ms)))
@@ -261,6 +305,9 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
     let wait_ms = shard.resolved.config.timers.callback_wait_ms;
     let later = has_later_pop_elsewhere(shard, &timer);
     if later && late_ms >= wait_ms {
+        // A pop taken here and left to the next replica: popped and
+        // deferred, as one that waited out its connection is.
+        ShardStats::add(&stats.timers_popped, 1);
         ShardStats::add(&stats.callbacks_deferred, 1);
         shard.refresh_gauges(&shard.store.borrow());
         return;
@@ -272,8 +319,9 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
     } else {
         HELD_FALLBACK_MS
     };
-    shard.pop.targets.hold(target, timer.unique);
-    shard.store.borrow_mut().insert(now + fallback_ms, timer);
+    let due_ms = now + fallback_ms;
+    shard.pop.targets.hold(target, timer.unique, due_ms);
+    shard.store.borrow_mut().insert(due_ms, timer);
 }
 
 /// Whether another replica (or site) pops `timer` after this node.
@@ -302,15 +350,12 @@ fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration
     );
     pop.in_flight.set(pop.in_flight.get() + 1);
     pop.targets.take(target);
-    let final_pop = !popped.has_next_pop();
-    let final_unique = (final_pop && !shard.keeps_tombstones()).then_some(popped.unique);
-    if let Some(unique) = final_unique {
-        pop.finals.borrow_mut().insert(unique);
-    }
+    pop.add_dispatched(popped.unique, popped.version);
     let slot = Slot {
         shard: shard.clone(),
         target,
-        final_unique,
+        unique: popped.unique,
+        version: popped.version,
     };
     let (unique, version, sequence) = (popped.unique, popped.version, popped.sequence);
     let (data, uri_at, uri_len) = popped.callback_data();
@@ -318,7 +363,6 @@ fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration
         unique,
         version,
         sequence,
-        final_pop,
     };
     glommio::spawn_local(async move {
         let shard = &slot.shard;

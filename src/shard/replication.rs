@@ -180,13 +180,14 @@ impl Shard {
         if stored.version != popped.version || stored.sequence < popped.sequence {
             return None;
         }
-        // The stored copy when it is this pop's (a final pop's tombstone
-        // included), else the pop as it was taken: live, at its sequence.
-        let t = if stored.sequence == popped.sequence {
-            stored
-        } else {
-            popped
-        };
+        // The stored copy when it is this pop's, else the pop as it was
+        // taken: live, at its sequence. A tombstone goes out only for the
+        // final pop: a same-incarnation tombstone stored for another reason
+        // (a resync's, for a node no longer a replica) must not end the
+        // timer on every replica.
+        let final_pop = !popped.has_next_pop();
+        let own = stored.sequence == popped.sequence && (final_pop || !stored.is_tombstone());
+        let t = if own { stored } else { popped };
         let unique = t.unique;
         let pl = self.placement(unique, t.factor_requested as usize);
         let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));

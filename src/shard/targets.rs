@@ -36,8 +36,9 @@ pub fn target_of(uri: &str) -> u64 {
 #[derive(Default)]
 struct Load {
     in_flight: u32,
-    /// IDs of held pops, oldest first.
-    held: VecDeque<u64>,
+    /// Held pops, oldest first: the ID and the fallback time it was put
+    /// back at (a pop that has since moved is no longer the held one).
+    held: VecDeque<(u64, u64)>,
 }
 
 /// Every target's load on one shard.
@@ -45,10 +46,10 @@ struct Load {
 pub struct Targets(RefCell<HashMap<u64, Load>>);
 
 impl Targets {
-    /// Whether `target` has fewer than `max` callbacks in flight.
-    pub fn has_room(&self, target: u64, max: usize) -> bool {
+    /// Callbacks to `target` in flight.
+    pub fn in_flight(&self, target: u64) -> usize {
         let map = self.0.borrow();
-        map.get(&target).map_or(0, |l| l.in_flight as usize) < max
+        map.get(&target).map_or(0, |l| l.in_flight as usize)
     }
 
     /// A callback to `target` starts.
@@ -67,26 +68,38 @@ impl Targets {
         }
     }
 
-    /// Queue a held pop's ID; `false` when the target's queue is full.
-    pub fn hold(&self, target: u64, unique: u64) -> bool {
+    /// Queue a held pop: its ID and the fallback time it was put back at;
+    /// `false` when the target's queue is full.
+    pub fn hold(&self, target: u64, unique: u64, due_ms: u64) -> bool {
         let mut map = self.0.borrow_mut();
         let load = map.entry(target).or_default();
         if load.held.len() >= HELD_PER_TARGET_MAX {
             return false;
         }
-        load.held.push_back(unique);
+        load.held.push_back((unique, due_ms));
         true
     }
 
-    /// The oldest held ID of `target`, taken off its queue.
-    pub fn next_held(&self, target: u64) -> Option<u64> {
+    /// The oldest held pop of `target` (ID, fallback time), taken off its
+    /// queue.
+    pub fn next_held(&self, target: u64) -> Option<(u64, u64)> {
         let mut map = self.0.borrow_mut();
         let load = map.get_mut(&target)?;
-        let unique = load.held.pop_front();
+        let held = load.held.pop_front();
         if load.in_flight == 0 && load.held.is_empty() {
             map.remove(&target);
         }
-        unique
+        held
+    }
+
+    /// Forget `target`'s held queue when nothing of it is in flight (its
+    /// held pops come back at their fallback times), so a target whose
+    /// held timers all went leaves no entry behind.
+    pub fn drop_held_if_idle(&self, target: u64) {
+        let mut map = self.0.borrow_mut();
+        if map.get(&target).is_some_and(|l| l.in_flight == 0) {
+            map.remove(&target);
+        }
     }
 }
 
@@ -111,13 +124,15 @@ mod tests {
     #[test]
     fn held_pops_come_back_in_order_and_entries_go() {
         let t = Targets::default();
-        assert!(t.has_room(1, 1));
+        assert_eq!(t.in_flight(1), 0);
         t.take(1);
-        assert!(!t.has_room(1, 1) && t.has_room(2, 1));
-        assert!(t.hold(1, 10) && t.hold(1, 11));
+        assert_eq!((t.in_flight(1), t.in_flight(2)), (1, 0));
+        assert!(t.hold(1, 10, 500) && t.hold(1, 11, 600));
         t.give_back(1);
-        assert_eq!(t.next_held(1), Some(10));
-        assert_eq!(t.next_held(1), Some(11));
+        assert_eq!(t.next_held(1), Some((10, 500)));
+        assert!(t.hold(2, 12, 700));
+        t.drop_held_if_idle(2);
+        assert_eq!(t.next_held(1), Some((11, 600)));
         assert_eq!(t.next_held(1), None);
         assert!(t.0.borrow().is_empty(), "no entry is left behind");
     }

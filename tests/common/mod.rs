@@ -509,7 +509,8 @@ fn idle_state(node: &Node, replication: bool) -> Result<(), String> {
     let popped = value("chronos_timers_popped_total");
     let answered = value("chronos_callbacks_succeeded_total")
         + value("chronos_callbacks_failed_total")
-        + value("chronos_callbacks_deferred_total");
+        + value("chronos_callbacks_deferred_total")
+        + value("chronos_callbacks_withdrawn_total");
     let queued = value("chronos_replication_enqueued_total");
     let settled =
         value("chronos_replication_sent_total") + value("chronos_replication_failed_total");
