@@ -495,3 +495,42 @@ fn a_delete_withdraws_a_callback_waiting_for_its_lane() {
         .collect();
     assert!(deleted.is_empty(), "deleted timers popped: {deleted:?}");
 }
+
+/// Issue 24 item 1: a repeating timer whose create reached its backup only
+/// after a 3 s hold keeps its schedule there. Node 2 is stopped while
+/// node 1 takes the create, so the replication is retried, and earlier
+/// attempts wait in node 2's socket buffers; node 2 resumes, node 1 is
+/// killed, and node 2 pops every later sequence at start + n × interval
+/// (+ one skew). Node 2 applied a stale attempt's delta and popped every
+/// later sequence 1 s off its schedule for good.
+#[test]
+fn a_backup_that_got_the_create_late_pops_on_the_original_schedule() {
+    let mut nodes = start_cluster(2, 1, "replication-timeout-ms = 1000\n");
+    let sink = Sink::start(Behaviour::Ok);
+    nodes[1].signal(libc::SIGSTOP);
+    let created = Instant::now();
+    nodes[0].create(&body("2", Some("30"), &sink.uri("/drift"), 2));
+    std::thread::sleep(Duration::from_secs(3));
+    nodes[1].signal(libc::SIGCONT);
+    nodes[0].wait_replication_settled(Duration::from_secs(10));
+    let first = sink.wait_for(1, Duration::from_secs(5));
+    assert!(!first.is_empty(), "the first pop");
+    nodes[0].kill9();
+    let pops = sink.wait_for(6, Duration::from_secs(20));
+    assert!(pops.len() >= 6, "node 2 took over: {} pops", pops.len());
+    for p in &pops[3..] {
+        // Node 2 pops sequence n at n × 2 s, or one 2 s skew later.
+        let at_ms = (p.at - created).as_millis() as i64;
+        let schedule_ms = p.sequence as i64 * 2000;
+        let off_ms = [schedule_ms, schedule_ms + 2000]
+            .iter()
+            .map(|s| at_ms - s)
+            .min_by_key(|d| d.abs())
+            .unwrap();
+        assert!(
+            (-50..400).contains(&off_ms),
+            "sequence {} popped {off_ms} ms off its schedule",
+            p.sequence
+        );
+    }
+}

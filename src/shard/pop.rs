@@ -237,7 +237,7 @@ pub async fn pop_loop(shard: Rc<Shard>) {
 fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
     let stats = shard.my_stats();
     let skew = shard.resolved.config.timers.replica_skew_ms;
-    for (due_ms, mut timer) in due.drain(..) {
+    for (due_ms, timer) in due.drain(..) {
         if timer.is_tombstone() {
             // Lived out its interval, and any informational copy with it.
             ShardStats::add(&stats.tombstones_expired, 1);
@@ -259,20 +259,25 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
         popped.sequence += 1;
         // The store first: the callback's task may ask it at once whether
         // the callback is still wanted.
-        timer.sequence += 1;
-        if timer.has_next_pop() {
-            let next = timer.next_pop_ms(skew);
-            shard.store.borrow_mut().insert(next, timer);
-        } else if shard.keeps_tombstones() {
-            // The final pop: keep a tombstone one more interval, so a stale
-            // message cannot bring the timer back.
-            let tomb = timer.to_tombstone();
-            let until = now + shard.tombstone_life_ms(&tomb);
-            shard.store.borrow_mut().insert(until, tomb);
-        }
+        advance(shard, now, timer);
         dispatch(shard, popped, target, wait);
     }
     shard.refresh_gauges(&shard.store.borrow());
+}
+
+/// Put `timer` back after its pop was taken (here, or left to the next
+/// replica): at its next pop, or, after its final pop, as a tombstone one
+/// more life when there are peers (a stale message cannot bring it back).
+fn advance(shard: &Shard, now: u64, mut timer: Timer) {
+    timer.sequence += 1;
+    if timer.has_next_pop() {
+        let next = timer.next_pop_ms(shard.resolved.config.timers.replica_skew_ms);
+        shard.store.borrow_mut().insert(next, timer);
+    } else if shard.keeps_tombstones() {
+        let tomb = timer.to_tombstone();
+        let until = now + shard.tombstone_life_ms(&tomb);
+        shard.store.borrow_mut().insert(until, tomb);
+    }
 }
 
 /// Whether a pop `late_ms` after its schedule may start now, and how
@@ -296,8 +301,8 @@ fn pop_wait(shard: &Shard, timer: &Timer, target: u64, late_ms: u64) -> Option<O
 }
 
 /// A pop that may not start now ([`pop_wait`]): left to the next replica
-/// once it is `callback-wait-ms` late (as a pop waiting for a connection
-/// is), else held ([`super::targets`]): back in the wheel until its
+/// once it is `callback-wait-ms` late (this pop only: the timer stays for
+/// its later pops), else held ([`super::targets`]): back in the wheel until its
 /// target's next callback ends (or its fallback time), so a slow or
 /// hanging target never holds up other targets' pops. Late, not lost.
 fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Timer) {
@@ -305,11 +310,12 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
     let wait_ms = shard.resolved.config.timers.callback_wait_ms;
     let later = has_later_pop_elsewhere(shard, &timer);
     if later && late_ms >= wait_ms {
-        // A pop taken here and left to the next replica: popped and
-        // deferred, as one that waited out its connection is.
+        // Too late to start before the next replica's turn: this pop is
+        // left to it (counted popped and deferred), and this node keeps
+        // the timer for its later pops.
         ShardStats::add(&stats.timers_popped, 1);
         ShardStats::add(&stats.callbacks_deferred, 1);
-        shard.refresh_gauges(&shard.store.borrow());
+        advance(shard, now, timer);
         return;
     }
     ShardStats::add(&stats.callbacks_held, 1);
