@@ -7,6 +7,7 @@
 //! → `http::client` (the callback).
 
 use chronos::config::{Cli, Config, USAGE};
+use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -16,18 +17,13 @@ fn main() -> ExitCode {
     }
     let cli = match Cli::parse(&args, |k| std::env::var(k).ok()) {
         Ok(cli) => cli,
-        Err(e) => {
-            eprintln!("chronos: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return fail("chronos", &e, 2),
     };
     if cli.help {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
+        return print(USAGE);
     }
     if cli.version {
-        println!("chronos {}", env!("CARGO_PKG_VERSION"));
-        return ExitCode::SUCCESS;
+        return print(&format!("chronos {}", env!("CARGO_PKG_VERSION")));
     }
     let available = core_affinity::get_core_ids()
         .map(|c| c.len())
@@ -35,24 +31,55 @@ fn main() -> ExitCode {
         .max(1);
     let resolved = match Config::load(&cli, available) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("chronos: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return fail("chronos", &e, 2),
     };
     if let Err(e) = init_logging(&resolved.config.log.level) {
-        eprintln!("chronos: {e}");
-        return ExitCode::from(2);
+        return fail("chronos", &e, 2);
     }
     log_resolved(&cli, &resolved);
     let reload: chronos::node::Reload = Box::new(move || Config::load(&cli, available));
     match chronos::node::run(resolved, reload) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(target: "chronos::runtime", "{e}");
-            eprintln!("chronos: {e}");
-            ExitCode::from(1)
+            // Once: in the log if it shows errors, else on stderr.
+            if tracing::enabled!(target: "chronos::runtime", tracing::Level::ERROR) {
+                tracing::error!(target: "chronos::runtime", "{e}");
+                ExitCode::from(1)
+            } else {
+                fail("chronos", &e, 1)
+            }
         }
+    }
+}
+
+/// `text` on stdout; exit 0. A closed stdout is no reason to panic.
+fn print(text: &str) -> ExitCode {
+    let _ = writeln!(std::io::stdout(), "{text}");
+    ExitCode::SUCCESS
+}
+
+/// `who: message` on stderr (never panicking, even on a closed pipe);
+/// exit with `status`.
+fn fail(who: &str, message: &str, status: u8) -> ExitCode {
+    let _ = writeln!(std::io::stderr(), "{who}: {message}");
+    ExitCode::from(status)
+}
+
+/// Stderr for the log, ignoring write errors: a log line that cannot be
+/// written (stderr a closed pipe, a full disk) is lost, and the node goes
+/// on. `std::io::stderr` alone made the log layer report the failure with
+/// `eprintln!`, which panics, and a release build aborts on a panic.
+struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
     }
 }
 
@@ -65,14 +92,18 @@ fn init_logging(level: &str) -> Result<(), String> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
+        .with_writer(|| LogWriter)
+        .log_internal_errors(false)
         .init();
     Ok(())
 }
 
-/// One line with what the node will run with.
+/// One line with what the node will run with: never the shared secret,
+/// only whether one is set.
 fn log_resolved(cli: &Cli, resolved: &chronos::config::Resolved) {
     let c = &resolved.config;
+    let sites = &resolved.sites;
+    let throttling = c.throttling.as_ref();
     tracing::info!(
         target: "chronos::config",
         config_file = cli.config_path.as_deref().unwrap_or("(embedded default)"),
@@ -83,6 +114,16 @@ fn log_resolved(cli: &Cli, resolved: &chronos::config::Resolved) {
         leaving = ?resolved.cluster.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
         cluster_view_id = %resolved.cluster.view_id,
         instance_id = resolved.instance_id,
+        local_site = %sites.local,
+        remote_site = ?remote_sites(sites),
+        replicate_timers_across_sites = sites.across,
+        throttling = %if throttling.is_some() { "on" } else { "off" },
+        target_latency = throttling.map(|t| t.target_latency),
+        max_tokens = throttling.map(|t| t.max_tokens),
+        initial_token_rate = throttling.map(|t| t.initial_token_rate),
+        min_token_rate = throttling.map(|t| t.min_token_rate),
+        max_token_rate = throttling.map(|t| t.max_token_rate),
+        shared_secret = %if c.cluster.shared_secret.is_some() { "set" } else { "unset" },
         callback_timeout_ms = c.timers.callback_timeout_ms,
         replica_skew_ms = c.timers.replica_skew_ms,
         connections_max = c.http.connections_max,
@@ -95,68 +136,123 @@ fn log_resolved(cli: &Cli, resolved: &chronos::config::Resolved) {
     );
 }
 
-/// `chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N]
-/// [--config FILE]`: ask a running node for a resync (`POST /resync`); with
-/// `--wait`, poll `GET /cluster` until that run finished: exit 0 if it
-/// completed, 1 if it failed or the wait timed out, 2 on bad flags or an
-/// unreadable config. The node's config file (`--config`, else
-/// `CHRONOS_CONFIG`) gives the `[cluster] shared-secret` to send.
-fn resync_command(args: &[String]) -> ExitCode {
-    let (mut wait, mut all_views) = (false, false);
-    let mut address = "127.0.0.1:7253".to_string();
-    let mut timeout_s = 600u64;
-    let mut config = std::env::var("CHRONOS_CONFIG").ok();
+/// `name=host:port` per remote site, with the address a host name
+/// resolved to when it differs.
+fn remote_sites(sites: &chronos::cluster::sites::Sites) -> Vec<String> {
+    let one = |r: &chronos::cluster::sites::RemoteSite| {
+        if r.address == r.socket.to_string() {
+            format!("{}={}", r.name, r.address)
+        } else {
+            format!("{}={} ({})", r.name, r.address, r.socket)
+        }
+    };
+    sites.remote.iter().map(one).collect()
+}
+
+const RESYNC_USAGE: &str = "\
+usage: chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N]
+                      [--config FILE]
+       chronos resync --help
+
+Ask a running node for a resync (POST /resync), as SIGUSR1 does.
+  --address IP:PORT  the node's HTTP address (default 127.0.0.1:7253, the
+                     embedded default's)
+  --wait             wait until that run finished (polling GET /cluster) and
+                     print what this run did: received, added, replicated,
+                     tombstoned, peer-errors
+  --all-views        a restore: the peers list every timer this node is a
+                     replica of, whatever its cluster view (what a node runs
+                     at start after a crash)
+  --timeout-s N      stop waiting after N seconds (default 600)
+  --config FILE      the node's config file (default $CHRONOS_CONFIG), whose
+                     [cluster] shared-secret is sent
+Exit status: 0 requested (with --wait: complete); 1 refused by the node,
+unreachable, failed or not finished in time; 2 a bad argument or an
+unreadable config.";
+
+/// `chronos resync`'s arguments.
+struct ResyncArgs {
+    help: bool,
+    wait: bool,
+    all_views: bool,
+    address: std::net::SocketAddr,
+    timeout: std::time::Duration,
+    config: Option<String>,
+}
+
+/// Parse `chronos resync`'s arguments (`--flag value` or `--flag=value`);
+/// `config` is `CHRONOS_CONFIG`. `Err` names the bad argument.
+fn parse_resync(args: &[String], config: Option<String>) -> Result<ResyncArgs, String> {
+    let mut parsed = ResyncArgs {
+        help: false,
+        wait: false,
+        all_views: false,
+        address: ([127, 0, 0, 1], 7253).into(),
+        timeout: std::time::Duration::from_secs(600),
+        config,
+    };
     let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = match flag.as_str() {
-            "--wait" => {
-                wait = true;
-                continue;
-            }
-            "--all-views" => {
-                all_views = true;
-                continue;
-            }
-            "--address" | "--timeout-s" | "--config" | "-c" => it.next(),
-            _ => None,
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
         };
-        match (flag.as_str(), value) {
-            ("--address", Some(v)) => address = v.clone(),
-            ("--config" | "-c", Some(v)) => config = Some(v.clone()),
-            ("--timeout-s", Some(v)) if v.parse::<u64>().is_ok() => {
-                timeout_s = v.parse().unwrap_or(600)
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| it.next().cloned())
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag {
+            "-h" | "--help" => parsed.help = true,
+            "--wait" => parsed.wait = true,
+            "--all-views" => parsed.all_views = true,
+            "--address" => {
+                let v = value()?;
+                parsed.address = v
+                    .parse()
+                    .map_err(|_| format!("--address {v:?} is not IP:PORT (e.g. 127.0.0.1:7253)"))?;
             }
-            _ => {
-                eprintln!("chronos resync: bad argument {flag:?}; usage: chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N] [--config FILE]");
-                return ExitCode::from(2);
+            "--timeout-s" => {
+                let v = value()?;
+                let s = v
+                    .parse()
+                    .map_err(|_| format!("--timeout-s {v:?} is not a number of seconds"))?;
+                parsed.timeout = std::time::Duration::from_secs(s);
             }
+            "-c" | "--config" => parsed.config = Some(value()?),
+            _ => return Err(format!("unknown argument {arg:?}")),
         }
     }
-    let authorization = match secret_of(config.as_deref()) {
-        Ok(secret) => secret.map(|s| s.bearer()),
+    Ok(parsed)
+}
+
+/// `chronos resync` (see `RESYNC_USAGE`): ask a running node for a resync;
+/// with `--wait`, wait for that run and print its own figures. The node's
+/// config file gives the `[cluster] shared-secret` to send.
+fn resync_command(args: &[String]) -> ExitCode {
+    const WHO: &str = "chronos resync";
+    let parsed = match parse_resync(args, std::env::var("CHRONOS_CONFIG").ok()) {
+        Ok(p) => p,
         Err(e) => {
-            eprintln!("chronos resync: {e}");
-            return ExitCode::from(2);
+            let usage = RESYNC_USAGE.lines().take(2).collect::<Vec<_>>().join("\n");
+            return fail(WHO, &format!("{e}\n{usage}"), 2);
         }
+    };
+    if parsed.help {
+        return print(RESYNC_USAGE);
+    }
+    let authorization = match secret_of(parsed.config.as_deref()) {
+        Ok(secret) => secret.map(|s| s.bearer()),
+        Err(e) => return fail(WHO, &e, 2),
     };
     let admin = Admin {
-        address,
+        address: parsed.address,
         authorization,
     };
-    match resync_at(
-        &admin,
-        wait,
-        all_views,
-        std::time::Duration::from_secs(timeout_s),
-    ) {
-        Ok(message) => {
-            println!("{message}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("chronos resync: {e}");
-            ExitCode::from(1)
-        }
+    match resync_at(&admin, &parsed) {
+        Ok(message) => print(&message),
+        Err(e) => fail(WHO, &e, 1),
     }
 }
 
@@ -174,18 +270,24 @@ fn secret_of(path: Option<&str>) -> Result<Option<chronos::config::Secret>, Stri
 /// A node's admin API: its address, and the `Authorization` value to send
 /// (`Bearer <secret>`) when the cluster has a shared secret.
 struct Admin {
-    address: String,
+    address: std::net::SocketAddr,
     authorization: Option<String>,
 }
 
-fn resync_at(
-    admin: &Admin,
-    wait: bool,
-    all_views: bool,
-    timeout: std::time::Duration,
-) -> Result<String, String> {
-    let address = &admin.address;
-    let query = if all_views { "?all-views=true" } else { "" };
+/// `POST /resync`; with `--wait`, `GET /cluster`'s `resync` object is read
+/// first, so that the run's own figures can be told from the node's
+/// totals.
+fn resync_at(admin: &Admin, args: &ResyncArgs) -> Result<String, String> {
+    let address = admin.address;
+    let before = match args.wait {
+        true => Some(resync_report(admin)?),
+        false => None,
+    };
+    let query = if args.all_views {
+        "?all-views=true"
+    } else {
+        ""
+    };
     let (status, body) = admin_request(admin, "POST", &format!("/resync{query}"))?;
     if status != 202 {
         return Err(format!("{address} answered {status}: {body}"));
@@ -193,28 +295,91 @@ fn resync_at(
     let run = json_of(&body)?["run"]
         .as_u64()
         .ok_or("no run number in the answer")?;
-    if !wait {
-        return Ok(format!("resync run {run} requested"));
+    match before {
+        Some(before) => wait_for_run(admin, run, before, args.timeout),
+        None => Ok(format!("resync run {run} requested")),
     }
+}
+
+/// `GET /cluster`'s `resync` object.
+fn resync_report(admin: &Admin) -> Result<serde_json::Value, String> {
+    let (status, body) = admin_request(admin, "GET", "/cluster")?;
+    if status != 200 {
+        return Err(format!(
+            "{} answered {status} to GET /cluster: {body}",
+            admin.address
+        ));
+    }
+    Ok(json_of(&body)?["resync"].take())
+}
+
+/// A count in a `resync` object.
+fn count(report: &serde_json::Value, name: &str) -> u64 {
+    report[name].as_u64().unwrap_or(0)
+}
+
+/// Poll `GET /cluster` until run `run` finished. `before` is the `resync`
+/// object read before the request; it is replaced by later readings while
+/// the run has not started, so that it ends as close to the run's start
+/// as can be seen from outside.
+fn wait_for_run(
+    admin: &Admin,
+    run: u64,
+    mut before: serde_json::Value,
+    timeout: std::time::Duration,
+) -> Result<String, String> {
     let deadline = std::time::Instant::now() + timeout;
     loop {
-        let (status, body) = admin_request(admin, "GET", "/cluster")?;
-        let report = json_of(&body)?;
-        let r = &report["resync"];
-        if status == 200 && r["finished-runs"].as_u64().unwrap_or(0) >= run {
+        let r = resync_report(admin)?;
+        if count(&r, "finished-runs") >= run {
+            let figures = run_figures(run, &before, &r);
             // Runs finish in order, so the state is this run's or a later one's.
             return match r["state"].as_str() {
-                Some("complete") => Ok(format!("resync run {run} complete: {r}")),
-                _ => Err(format!("resync run {run} failed: {r}")),
+                Some("complete") => Ok(format!("resync run {run} complete: {figures}")),
+                _ => Err(format!(
+                    "resync run {run} failed: {}; {figures}",
+                    r["last-error"].as_str().unwrap_or("")
+                )),
             };
         }
-        if std::time::Instant::now() > deadline {
+        if count(&r, "started-runs") < run {
+            before = r;
+        } else if std::time::Instant::now() > deadline {
+            let figures = run_figures(run, &before, &r);
             return Err(format!(
-                "resync run {run} did not finish within the timeout: {r}"
+                "resync run {run} did not finish within the timeout; so far: {figures}"
             ));
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// What run `run` did: the node's counters now less those of `before`,
+/// with a note when they may include another run's work.
+fn run_figures(run: u64, before: &serde_json::Value, now: &serde_json::Value) -> String {
+    let names = [
+        "received",
+        "added",
+        "replicated",
+        "tombstoned",
+        "peer-errors",
+    ];
+    let mut text = names
+        .iter()
+        .map(|n| format!("{n} {}", count(now, n).saturating_sub(count(before, n))))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let previous = run - 1;
+    if count(before, "started-runs") != previous || count(before, "finished-runs") != previous {
+        text.push_str(&format!(
+            " (run {previous} was still running when asked: these include its end)"
+        ));
+    }
+    let finished = count(now, "finished-runs");
+    if finished > run {
+        text.push_str(&format!(" (they include the later runs up to {finished})"));
+    }
+    text
 }
 
 fn json_of(body: &str) -> Result<serde_json::Value, String> {
@@ -224,13 +389,10 @@ fn json_of(body: &str) -> Result<serde_json::Value, String> {
 /// One HTTP/1.1 request with `Connection: close`, carrying the shared
 /// secret if there is one; `(status, body)`.
 fn admin_request(admin: &Admin, method: &str, path: &str) -> Result<(u16, String), String> {
-    use std::io::{Read, Write};
-    let address = admin.address.as_str();
+    use std::io::Read;
+    let address = admin.address;
     let timeout = std::time::Duration::from_secs(10);
-    let addr: std::net::SocketAddr = address
-        .parse()
-        .map_err(|_| format!("{address:?} is not IP:PORT"))?;
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
+    let mut stream = std::net::TcpStream::connect_timeout(&address, timeout)
         .map_err(|e| format!("{address}: {e}"))?;
     let _ = stream.set_read_timeout(Some(timeout));
     let authorization = match &admin.authorization {
