@@ -16,15 +16,18 @@
 //! cross-site `PUT`s, the resync `GET` and `DELETE`) and the admin routes
 //! (`/cluster`, `/resync`, `/metrics`) need `Authorization: Bearer
 //! <secret>`; `/ping`, `/ready` and the client API stay open. Every error
-//! carries its reason in the body.
+//! carries its reason in the body. A refused request is logged at warn,
+//! at most once per [`REFUSED_LOG_EVERY`] per shard and kind (internal,
+//! admin), with the count of the ones not logged.
 
 use crate::http::server::Handler;
 use crate::http::{uri, write_response, Method, Request};
+use crate::runtime::loglimit::{log_due, LogLimit};
 use crate::shard::{OpError, Shard};
 use crate::timer::{spec, TimerId};
 use std::future::Future;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Readiness beyond the shards themselves (e.g. the delay queue's
 /// Postgres and broker): `Err` names what is not ready.
@@ -34,11 +37,18 @@ pub type ReadyCheck = Box<dyn Fn() -> Result<(), String>>;
 pub struct Api {
     shard: Rc<Shard>,
     ready: ReadyCheck,
+    /// Refused internal and admin requests ([`Refused`]): when one was
+    /// last logged, and how many were refused since without a line.
+    refused_log: [LogLimit; 2],
 }
 
 impl Api {
     pub fn new(shard: Rc<Shard>, ready: ReadyCheck) -> Api {
-        Api { shard, ready }
+        Api {
+            shard,
+            ready,
+            refused_log: Default::default(),
+        }
     }
 }
 
@@ -57,9 +67,9 @@ impl Handler for Api {
 pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
     let shard = &*api.shard;
     match req.path {
-        "/timers" => timers(&api.shard, req, out, close).await,
+        "/timers" => timers(api, req, out, close).await,
         "/cluster" | "/resync" | "/metrics" if !authorized(shard, req) => {
-            forbidden(shard, ADMIN_REFUSED, out, close)
+            forbidden(api, req, Refused::Admin, out, close)
         }
         "/cluster" => match req.method {
             Method::Get => json(out, 200, &shard.cluster_report(), close),
@@ -70,7 +80,7 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             _ => not_allowed(out, "POST", close),
         },
         "/timers/references" if !authorized(shard, req) => {
-            forbidden(shard, INTERNAL_REFUSED, out, close)
+            forbidden(api, req, Refused::Internal, out, close)
         }
         "/timers/references" => match req.method {
             Method::Delete => match shard.resync_references(req.body).await {
@@ -96,7 +106,7 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             _ => not_allowed(out, "GET", close),
         },
         path => match path.strip_prefix("/timers/") {
-            Some(id_text) => timer(shard, id_text, req, out, close).await,
+            Some(id_text) => timer(api, id_text, req, out, close).await,
             None => error(out, 404, "not found", close),
         },
     }
@@ -144,7 +154,8 @@ fn json(out: &mut Vec<u8>, status: u16, body: &str, close: bool) -> u16 {
 }
 
 /// `/timers`: `POST` creates; `GET` is a resync page.
-async fn timers(shard: &Rc<Shard>, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+    let shard = &api.shard;
     match req.method {
         Method::Post if !shard.admit_client() => overloaded(out, close),
         Method::Post => match spec::parse(req.body, uri::check) {
@@ -156,7 +167,9 @@ async fn timers(shard: &Rc<Shard>, req: &Request<'_>, out: &mut Vec<u8>, close: 
             }
             Err(reason) => error(out, 400, &reason, close),
         },
-        Method::Get if !authorized(shard, req) => forbidden(shard, INTERNAL_REFUSED, out, close),
+        Method::Get if !authorized(shard, req) => {
+            forbidden(api, req, Refused::Internal, out, close)
+        }
         Method::Get => match shard.resync_query(req.query, req.range) {
             Ok(q) => {
                 let (status, count, body) = shard.resync_get(q).await;
@@ -177,13 +190,8 @@ async fn timers(shard: &Rc<Shard>, req: &Request<'_>, out: &mut Vec<u8>, close: 
 
 /// `/timers/<id>`: `PUT` (a client's, or a replication body naming
 /// `replicas`) and `DELETE`.
-async fn timer(
-    shard: &Shard,
-    id_text: &str,
-    req: &Request<'_>,
-    out: &mut Vec<u8>,
-    close: bool,
-) -> u16 {
+async fn timer(api: &Api, id_text: &str, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+    let shard = &*api.shard;
     let Some(id) = TimerId::parse(id_text.as_bytes()) else {
         return error(
             out,
@@ -195,7 +203,7 @@ async fn timer(
     match req.method {
         Method::Put => match spec::parse(req.body, uri::check) {
             Ok(s) if s.replication.is_some() && !authorized(shard, req) => {
-                forbidden(shard, INTERNAL_REFUSED, out, close)
+                forbidden(api, req, Refused::Internal, out, close)
             }
             Ok(s)
                 if s.replication
@@ -256,11 +264,60 @@ fn overloaded(out: &mut Vec<u8>, close: bool) -> u16 {
     503
 }
 
+/// The kinds of refused request, each logged on its own schedule (an
+/// unconfigured scraper does not hide a node with the wrong secret).
+#[derive(Clone, Copy)]
+enum Refused {
+    Internal = 0,
+    Admin = 1,
+}
+
+/// The least time between two log lines of one kind of refusal on a shard.
+pub const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// `403` for an internal or admin request without the shared secret,
-/// with `reason`; counted (`chronos_internal_refused_total`).
-fn forbidden(shard: &Shard, reason: &str, out: &mut Vec<u8>, close: bool) -> u16 {
-    crate::stats::ShardStats::add(&shard.my_stats().internal_refused, 1);
+/// with the reason; counted (`chronos_internal_refused_total`) and logged
+/// (rate-limited).
+fn forbidden(api: &Api, req: &Request<'_>, kind: Refused, out: &mut Vec<u8>, close: bool) -> u16 {
+    crate::stats::ShardStats::add(&api.shard.my_stats().internal_refused, 1);
+    let reason = match kind {
+        Refused::Internal => INTERNAL_REFUSED,
+        Refused::Admin => ADMIN_REFUSED,
+    };
+    let limit = &api.refused_log[kind as usize];
+    if let Some(quiet) = log_due(limit, Instant::now(), REFUSED_LOG_EVERY) {
+        let more = match quiet {
+            0 => String::new(),
+            n => format!(" ({n} more refused since the last such line)"),
+        };
+        tracing::warn!(target: "chronos::api", "refused {} {} from {}: {reason}; [cluster] shared-secret must be the same on every node and site{more}", method_name(req.method), req.path, peer_of(req));
+    }
     error(out, 403, reason, close)
+}
+
+fn method_name(method: Method) -> &'static str {
+    match method {
+        Method::Get => "GET",
+        Method::Head => "HEAD",
+        Method::Post => "POST",
+        Method::Put => "PUT",
+        Method::Delete => "DELETE",
+        Method::Other => "a request",
+    }
+}
+
+/// Who sent a refused request, as far as the request says: a resync
+/// listing names the node asking (`node-for-replicas`); replication,
+/// cross-site and admin requests do not name their sender.
+fn peer_of(req: &Request<'_>) -> String {
+    let named = req
+        .query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("node-for-replicas="));
+    match named {
+        Some(node) => format!("node {node} (its node-for-replicas)"),
+        None => "a peer the request does not name".to_string(),
+    }
 }
 
 fn ready(api: &Api, method: Method, out: &mut Vec<u8>, close: bool) -> u16 {

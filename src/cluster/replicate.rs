@@ -672,6 +672,10 @@ impl Sender {
             .await;
         let sent = statuses.iter().filter(|s| (200..300).contains(*s)).count();
         let refused = statuses.iter().filter(|s| is_final_refusal(**s)).count();
+        log_forbidden(
+            &peer.address,
+            statuses.iter().filter(|s| **s == 403).count(),
+        );
         count(stats, Some(peer), Count::Sent, sent as u64);
         count(stats, Some(peer), Count::Failed, refused as u64);
         let retry = seg.count() - sent - refused;
@@ -721,6 +725,33 @@ impl Sender {
             .set(peer.queued_bytes.get() + retry.bytes.len());
         peer.segments.borrow_mut().push_front(retry);
     }
+}
+
+/// The least time between two "refused with 403" lines of a shard.
+const FORBIDDEN_LOG_EVERY: Duration = Duration::from_secs(10);
+
+thread_local! {
+    /// This shard's "refused with 403" line (a shard is a thread).
+    static FORBIDDEN_LOGGED: crate::runtime::loglimit::LogLimit = const { Cell::new((None, 0)) };
+}
+
+/// `n` messages to `address` refused with 403: the secrets differ. At
+/// warn, at most once per [`FORBIDDEN_LOG_EVERY`] per shard.
+fn log_forbidden(address: &str, n: usize) {
+    if n == 0 {
+        return;
+    }
+    FORBIDDEN_LOGGED.with(|limit| {
+        let now = std::time::Instant::now();
+        let Some(quiet) = crate::runtime::loglimit::log_due(limit, now, FORBIDDEN_LOG_EVERY) else {
+            return;
+        };
+        let more = match quiet {
+            0 => String::new(),
+            q => format!(" (and {q} more batches so since the last such line)"),
+        };
+        tracing::warn!(target: "chronos::replication", "to {address}: {n} messages refused with 403, shared-secret mismatch: this node's [cluster] shared-secret differs from the peer's; given up, not retried{more}");
+    });
 }
 
 /// A status that says the peer read the message and refused it for good

@@ -20,6 +20,7 @@
 pub mod bulk;
 pub mod clock;
 pub mod gate;
+pub mod loglimit;
 pub mod mesh;
 pub mod notify;
 pub mod throttle;

@@ -393,7 +393,7 @@ fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration
                 };
                 ShardStats::add(counter, 1);
                 tracing::debug!(target: "chronos::callback", "callback {sequence} failed: {e}");
-                on_failure(shard, unique, version, sequence);
+                on_failure(shard, unique, version, sequence, &e.reason);
             }
         }
     })
@@ -402,13 +402,44 @@ fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration
 
 /// A failed callback drops this node's live copy (without replicating), so
 /// the next replica pops it: unless the timer has been replaced meanwhile.
-fn on_failure(shard: &Shard, unique: u64, version: u64, sequence: u32) {
+/// Where no later replica or site pops it (a single node, the last
+/// replica), that ends a repeating timer: logged at warn with the ID and
+/// the reason, at most once per [`ENDED_LOG_EVERY`] per shard.
+fn on_failure(shard: &Shard, unique: u64, version: u64, sequence: u32, reason: &str) {
     let mut store = shard.store.borrow_mut();
-    let same = store
-        .get(unique)
-        .is_some_and(|(_, t)| t.version == version && t.sequence == sequence && !t.is_tombstone());
-    if same {
-        store.remove(unique);
-        shard.refresh_gauges(&store);
+    let Some((_, t)) = store.get(unique) else {
+        return;
+    };
+    if t.version != version || t.sequence != sequence || t.is_tombstone() {
+        return;
     }
+    // The stored copy waits for a later pop of its own: a repeating timer.
+    let ended = (!has_later_pop_elsewhere(shard, t)).then(|| t.id());
+    store.remove(unique);
+    shard.refresh_gauges(&store);
+    drop(store);
+    if let Some(id) = ended {
+        log_ended(id.to_hex_string(), sequence, reason);
+    }
+}
+
+/// The least time between two "ends a repeating timer" lines of a shard.
+pub const ENDED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+thread_local! {
+    /// This shard's "ends a repeating timer" line (a shard is a thread).
+    static ENDED_LOGGED: crate::runtime::loglimit::LogLimit = const { Cell::new((None, 0)) };
+}
+
+fn log_ended(id: String, sequence: u32, reason: &str) {
+    ENDED_LOGGED.with(|limit| {
+        let Some(quiet) = crate::runtime::loglimit::log_due(limit, Instant::now(), ENDED_LOG_EVERY) else {
+            return;
+        };
+        let more = match quiet {
+            0 => String::new(),
+            n => format!(" ({n} more ended since the last such line)"),
+        };
+        tracing::warn!(target: "chronos::callback", "timer {id}: callback {sequence} failed ({reason}) and no later replica or site pops it: the repeating timer ends here, its later pops are dropped{more}");
+    });
 }

@@ -47,6 +47,12 @@ use std::time::{Duration, Instant};
 const BACKOFF_MS_MIN: u64 = 100;
 const BACKOFF_MS_MAX: u64 = 2_000;
 
+/// The start-up grace period: a peer error that clears within it (a
+/// cluster's nodes starting one after the other, a joining node whose
+/// peers have not reloaded yet) is logged at info; one that lasts longer
+/// is a warning.
+pub const PEER_ERROR_GRACE_MS: u64 = 5_000;
+
 /// How often a resync looks for room in the replication queues, and how
 /// long it waits for it per timer.
 const ROOM_POLL_MS: u64 = 2;
@@ -413,7 +419,9 @@ impl Run<'_> {
         }
         let headers = &all[..];
         let mut backoff_ms = BACKOFF_MS_MIN;
-        for attempt in 0u32.. {
+        let first_failure = Instant::now();
+        let mut logged = Logged::Nothing;
+        loop {
             let answer = self
                 .client
                 .request(
@@ -429,14 +437,11 @@ impl Run<'_> {
                 .await;
             let error = match answer {
                 Ok(r) if (200..300).contains(&r.status) => return Ok(r.body),
-                Ok(r) => format!(
-                    "{method} answered {}: {}",
-                    r.status,
-                    String::from_utf8_lossy(&r.body)
-                ),
-                Err(e) => e,
+                Ok(r) => answer_error(method, r.status, &r.body),
+                Err(e) => Ok(e),
             };
             ShardStats::add(&shard.my_stats().resync_peer_errors, 1);
+            let error = error?;
             let backoff = Duration::from_millis(backoff_ms);
             if shard.cluster().view_id != self.cluster.view_id {
                 return Err(VIEW_CHANGED.into());
@@ -444,14 +449,51 @@ impl Run<'_> {
             if Instant::now() + backoff > deadline || shard.gate.is_closing() {
                 return Err(error);
             }
-            if attempt == 0 {
-                tracing::warn!(target: "chronos::resync", "{}: {error}; retrying for up to {} ms", node.address, retry.as_millis());
-            }
+            log_retry(node, first_failure, &mut logged, &error, retry);
             let sleep = glommio::timer::sleep(backoff);
             future::or(sleep, shard.gate.closing()).await;
             backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
         }
-        unreachable!("the loop returns")
+    }
+}
+
+/// What a non-2xx answer to a resync request means: `Ok` the error to
+/// retry, `Err` one final for this peer: a 403 (the secrets differ, and
+/// retrying cannot mend a config).
+fn answer_error(method: &str, status: u16, body: &[u8]) -> Result<String, String> {
+    let body = String::from_utf8_lossy(body);
+    if status == 403 {
+        return Err(format!("{method} answered 403, shared-secret mismatch: this node's [cluster] shared-secret differs from the peer's; not retried ({body})"));
+    }
+    Ok(format!("{method} answered {status}: {body}"))
+}
+
+/// What [`log_retry`] has said of one request's failures so far.
+#[derive(Clone, Copy)]
+enum Logged {
+    Nothing,
+    Info,
+    Warned,
+}
+
+/// A failed attempt at `node`, to be retried: the first one at info (a
+/// peer starting or reloading a moment after this node is normal), then
+/// once at warn when the peer has failed for longer than
+/// [`PEER_ERROR_GRACE_MS`] (counted from the first attempt).
+fn log_retry(node: &Node, since: Instant, logged: &mut Logged, error: &str, retry: Duration) {
+    let retry_ms = retry.as_millis();
+    let past_grace = since.elapsed() > Duration::from_millis(PEER_ERROR_GRACE_MS);
+    match *logged {
+        // A first attempt that took longer than the grace (a timeout).
+        Logged::Nothing | Logged::Info if past_grace => {
+            *logged = Logged::Warned;
+            tracing::warn!(target: "chronos::resync", "{}: still failing after {PEER_ERROR_GRACE_MS} ms (the start-up grace period): {error}; retrying for up to {retry_ms} ms in all", node.address);
+        }
+        Logged::Nothing => {
+            *logged = Logged::Info;
+            tracing::info!(target: "chronos::resync", "{}: {error}; retrying for up to {retry_ms} ms", node.address);
+        }
+        Logged::Info | Logged::Warned => {}
     }
 }
 

@@ -22,8 +22,9 @@ pub const RESYNC_FAILED: i64 = 3;
 
 /// Why a queue input message was rejected: `invalid_header` (a missing or
 /// invalid chronos header), `unstorable` (Postgres refused its data),
-/// `unpublishable` (the producer or broker refused it for good: too large,
-/// an invalid record, no right to write the output topic).
+/// `unpublishable` (the producer, or the broker in a batch of it alone,
+/// refused it for good: too large, an invalid record, no right to write
+/// the output topic).
 pub const REJECT_REASONS: [&str; 3] = ["invalid_header", "unstorable", "unpublishable"];
 pub const REJECT_INVALID_HEADER: usize = 0;
 pub const REJECT_UNSTORABLE: usize = 1;

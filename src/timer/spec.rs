@@ -269,10 +269,27 @@ fn parse_timing(timing: &RawTiming) -> Result<(u32, u32), String> {
         Some(v) if !v.is_null() => seconds_to_ms("timing.repeat-for", v)?,
         _ => interval_ms,
     };
+    // The reference's rule: a zero interval with a repeat-for would pop
+    // for ever at once. (A repeat-for below a positive interval is
+    // accepted and never pops, as in the reference: seed 000.)
     if interval_ms == 0 && repeat_for_ms > 0 {
-        return Err("timing.interval must be positive for a repeating timer".into());
+        return Err(format!(
+            "timing.interval 0 with timing.repeat-for {}: a repeating timer needs a positive interval (interval 0 pops once, at once, with no repeat-for or repeat-for 0)",
+            seconds(repeat_for_ms)
+        ));
     }
     Ok((interval_ms, repeat_for_ms))
+}
+
+/// Milliseconds as the seconds a client writes (`1500` → `1.5`).
+fn seconds(ms: u32) -> String {
+    match ms % 1000 {
+        0 => (ms / 1000).to_string(),
+        frac => {
+            let text = format!("{}.{frac:03}", ms / 1000);
+            text.trim_end_matches('0').to_string()
+        }
+    }
 }
 
 /// The internal-API fields, when the body names `reliability.replicas`.
@@ -496,7 +513,11 @@ mod tests {
             ),
             (
                 r#"{"timing":{"interval":0,"repeat-for":5},"callback":{"http":{"uri":"http://a/"}}}"#,
-                "positive",
+                "timing.interval 0 with timing.repeat-for 5:",
+            ),
+            (
+                r#"{"timing":{"interval":0.0,"repeat-for":0.25},"callback":{"http":{"uri":"http://a/"}}}"#,
+                "timing.interval 0 with timing.repeat-for 0.25:",
             ),
         ];
         for (body, needle) in table {
