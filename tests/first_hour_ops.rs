@@ -181,10 +181,11 @@ fn replication_refused_with_403_is_logged_on_both_sides() {
         Duration::from_secs(3),
     );
     assert!(sent.contains("chronos::replication"), "{sent}");
+    // The receiver names the sender by its address.
     wait_for_line(
         &second,
         "WARN",
-        &["refused PUT /timers/", "shared-secret"],
+        &["refused PUT /timers/", "from 127.0.0.1", "shared-secret"],
         Duration::from_secs(1),
     );
 }

@@ -314,9 +314,10 @@ fn peer_of(req: &Request<'_>) -> String {
         .query
         .split('&')
         .find_map(|pair| pair.strip_prefix("node-for-replicas="));
-    match named {
-        Some(node) => format!("node {node} (its node-for-replicas)"),
-        None => "a peer the request does not name".to_string(),
+    match (named, req.peer) {
+        (Some(node), _) => format!("node {node} (its node-for-replicas)"),
+        (None, Some(ip)) => format!("{ip}"),
+        (None, None) => "a peer of unknown address".to_string(),
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Request<'b> {
     pub range: Option<&'b [u8]>,
     /// The `Authorization` header, if any (the internal API's secret).
     pub authorization: Option<&'b [u8]>,
+    /// The connection's peer address, when the server knows it (set by
+    /// the server, not by the parser).
+    pub peer: Option<std::net::IpAddr>,
 }
 
 /// A request that cannot be framed: answered, then the connection closes.
@@ -137,6 +140,7 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
             keep_alive,
             range,
             authorization,
+            peer: None,
         },
         head_len + body_len,
     )

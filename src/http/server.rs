@@ -303,6 +303,9 @@ async fn reject<C: Conn>(mut stream: C, why: &str) {
 
 /// A connection's input buffer: bytes `start..end` are unanswered.
 struct Input {
+    /// The connection's peer address (handed to the handler with each
+    /// request).
+    peer: Option<IpAddr>,
     buf: Vec<u8>,
     start: usize,
     end: usize,
@@ -383,6 +386,7 @@ impl<H: Handler> Server<H> {
     async fn serve<C: Conn>(&self, mut stream: C) {
         let l = &self.limits;
         let mut input = Input {
+            peer: stream.peer_ip(),
             buf: vec![0u8; READ_CHUNK],
             start: 0,
             end: 0,
@@ -491,7 +495,8 @@ impl<H: Handler> Server<H> {
         while input.start < input.end {
             let buf = &input.buf[input.start..input.end];
             match parse_request(buf, l.header_bytes_max, l.body_bytes_max) {
-                Parsed::Complete(req, used) => {
+                Parsed::Complete(mut req, used) => {
+                    req.peer = input.peer;
                     let close_after = !req.keep_alive || self.gate.is_closing();
                     self.busy.set(self.busy.get() + 1);
                     let status = self.handler.handle(&req, out, close_after).await;
