@@ -120,9 +120,9 @@ fn pump_replies(mut from: TcpStream, mut to: TcpStream, state: &ProxyState) {
                 break;
             }
             let msg = &pending[at..end];
-            // A claim's rows have five columns (`DataRow`: 'D', length,
-            // column count).
-            let claim_row = msg[0] == b'D' && msg.len() >= 7 && msg[5..7] == [0, 5];
+            // A claim's rows have six columns (`DataRow`: 'D', length,
+            // column count): no other statement's have.
+            let claim_row = msg[0] == b'D' && msg.len() >= 7 && msg[5..7] == [0, 6];
             if !swallowing && claim_row && state.cut_claim.swap(false, Ordering::SeqCst) {
                 swallowing = true;
             }

@@ -139,17 +139,22 @@ fn a_late_message_then_a_future_one_with_its_id_are_both_delivered_in_order() {
     let future = iso(due);
     let a: Vec<String> = (0..40).map(|i| format!("a{i}")).collect();
     let b: Vec<String> = (0..40).map(|i| format!("b{i}")).collect();
+    // Two late ones with one ID: both published, in order, as seed 004
+    // would (before the fix: the second was dropped within a batch).
+    let c: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
     let mut msgs = Vec::new();
     for i in 0..40 {
         msgs.push(input(&a[i], b"late", &past));
         msgs.push(input(&a[i], b"future", &future));
         msgs.push(input(&b[i], b"future", &future));
         msgs.push(input(&b[i], b"late", &past));
+        msgs.push(input(&c[i], b"late-1", &past));
+        msgs.push(input(&c[i], b"late-2", &past));
     }
     produce_to(&p, &s.input, 0, &msgs);
     let reader = OutputReader::start(&s.broker.brokers(), &s.output);
     let node = s.node("");
-    reader.wait_for(120, Duration::from_secs(40));
+    reader.wait_for(200, Duration::from_secs(40));
     // Anything more would come at the deadline: wait a little past it.
     sleep_until(Instant::now() + Duration::from_millis((due + 2_000 - now_ms()).max(0) as u64));
     let mut by_key: BTreeMap<String, Vec<(String, i64)>> = BTreeMap::new();
@@ -183,6 +188,20 @@ fn a_late_message_then_a_future_one_with_its_id_are_both_delivered_in_order() {
         assert_eq!(list.len(), 1, "{k}: {list:?}");
         assert_eq!(list[0].0, "future", "{k}: {list:?}");
     }
+    let values = |k: &String| -> Vec<String> {
+        by_key
+            .get(k)
+            .map_or(Vec::new(), |l| l.iter().map(|(v, _)| v.clone()).collect())
+    };
+    let short: Vec<&String> = c.iter().filter(|k| values(k).len() < 2).collect();
+    assert!(
+        short.is_empty(),
+        "{} of 40 late pairs with one ID incomplete: {short:?}",
+        short.len()
+    );
+    for k in &c {
+        assert_eq!(values(k), ["late-1", "late-2"], "{k}");
+    }
 }
 
 /// The resident set of a process, in bytes.
@@ -213,6 +232,10 @@ fn memory_stays_bounded_in_bytes_while_nothing_can_be_published() {
     // librdkafka's own prefetch, bounded too.
     // (Its 1 s back-off at that bound would only slow the test down.)
     config.push_str("\"queued.max.messages.kbytes\" = 2048\n\"fetch.max.bytes\" = 2097152\n\"fetch.queue.backoff.ms\" = 20\n");
+    // The premise, made explicit: the producer never creates the output
+    // topic (librdkafka's producer would ask the broker to), so nothing is
+    // published (checked at the end).
+    config.push_str("[queue.producer]\n\"allow.auto.create.topics\" = false\n");
     let node = Node::start(&config);
     wait_until("ready", Duration::from_secs(20), || {
         match node.request("GET", "/ready", "").status {
@@ -256,5 +279,39 @@ fn memory_stays_bounded_in_bytes_while_nothing_can_be_published() {
         log_tail(&node)
     );
     assert!(consumed >= 10.0, "hardly anything consumed: {consumed}");
+    let fired = node.metric("chronos_queue_fired_total");
+    assert_eq!(
+        fired, 0.0,
+        "the output topic was written: the premise fails"
+    );
     assert!(node.request("GET", "/ping", "").status == 200);
+}
+
+/// Finding 5. A claim cut short by `claim-batch-bytes-max` (one row of
+/// 2 KB per claim here) is followed by the next at once, not after a poll
+/// interval (3 s here): ten rows due together go out together. Before the
+/// fix: about one row per poll interval (13 s from the first to the last).
+#[test]
+fn a_claim_cut_short_by_its_bytes_is_followed_by_the_next_at_once() {
+    let s = setup("claimbytes", 1);
+    let extra = "poll-interval-ms = 3000\nhold-time-ms = 20000\nclaim-batch-bytes-max = 1000";
+    let node = s.node(extra);
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let p = producer(&s.broker.brokers());
+    let value = vec![b'v'; 2_000];
+    let due = now_ms() + 5_000;
+    let dl = iso(due);
+    let keys: Vec<String> = (0..10).map(|i| format!("cb{i}")).collect();
+    let msgs: Vec<Input> = keys.iter().map(|k| input(k, &value, &dl)).collect();
+    produce_to(&p, &s.input, 0, &msgs);
+    let seen = reader.wait_for(10, Duration::from_secs(60));
+    let at: Vec<i64> = seen.iter().map(|o| o.at_ms).collect();
+    assert_eq!(at.len(), 10, "{at:?}\n{}", log_tail(&node));
+    let (first, last) = (at.iter().min().unwrap(), at.iter().max().unwrap());
+    assert!(
+        last - first < 1_500 && *last < due + 4_000,
+        "published over {} ms, the last {} ms after the deadline",
+        last - first,
+        last - due
+    );
 }

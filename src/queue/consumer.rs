@@ -85,6 +85,14 @@ impl QueueShared {
         }
         let producer: ThreadedProducer<DeliveryRouter> = pc
             .create_with_context(DeliveryRouter {
+                senders: delivery_tx.clone(),
+            })
+            .map_err(|e| format!("[queue.producer]: {e}"))?;
+        // One message per batch, sent at once: a refusal of its batch is
+        // about that message.
+        pc.set("batch.num.messages", "1").set("linger.ms", "0");
+        let solo: ThreadedProducer<DeliveryRouter> = pc
+            .create_with_context(DeliveryRouter {
                 senders: delivery_tx,
             })
             .map_err(|e| format!("[queue.producer]: {e}"))?;
@@ -108,6 +116,7 @@ impl QueueShared {
             config: config.clone(),
             node_id: new_uuid(),
             producer,
+            solo,
             consumer: Arc::new(consumer),
             inboxes,
             inbox_bytes: (0..shards).map(|_| Arc::default()).collect(),

@@ -21,16 +21,23 @@ impl QueueShard {
                 futures_lite::future::or(self.delete_wake.wait(), self.gate.closing()).await;
                 continue;
             }
+            // Left in `to_delete` (only this task removes from it, others
+            // only append) until deleted, so that the refresh keeps them
+            // fresh however long the delete is retried.
             let ids: Vec<String> = {
-                let mut all = self.to_delete.borrow_mut();
-                let n = all.len().min(DELETE_BATCH_MAX);
-                all.drain(..n).collect()
+                let all = self.to_delete.borrow();
+                all[..all.len().min(DELETE_BATCH_MAX)].to_vec()
             };
             assert!(!ids.is_empty() && ids.len() <= DELETE_BATCH_MAX);
             let started = Instant::now();
             let Some(rows) = retry_query(&self.pg, |c| &c.delete, &[&ids]).await else {
                 return;
             };
+            {
+                let mut all = self.to_delete.borrow_mut();
+                let n = ids.len().min(all.len());
+                all.drain(..n);
+            }
             self.stats().record_pg_batch(started.elapsed());
             let bytes: usize = ids.iter().map(|id| id_bytes(id)).sum();
             self.in_hand.sub(ids.len(), bytes);

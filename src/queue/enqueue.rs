@@ -139,20 +139,15 @@ impl QueueShard {
     /// statements for `n` rows).
     async fn insert(&self, s: &Sorted) -> bool {
         let started = Instant::now();
-        let mut ranges = byte_ranges(s, self.cfg().insert_batch_bytes_max);
-        let mut stored = 0usize;
-        while let Some(r) = ranges.pop() {
-            assert!(!r.is_empty() && r.end <= s.ids.len());
-            match self.insert_range(s, r.clone()).await {
-                Ok(()) => stored += r.len(),
-                Err(QueryError::Shutdown) => return false,
-                Err(QueryError::Permanent(e)) if r.len() == 1 => {
-                    ShardStats::add(&self.stats().queue_rejected[REJECT_UNSTORABLE], 1);
-                    tracing::warn!(target: "chronos::queue", id = ?s.ids[r.start], "input message rejected: Postgres cannot store it ({e}); skipped");
-                }
-                Err(QueryError::Permanent(_)) => push_halves(&mut ranges, r),
-            }
-        }
+        let ranges = byte_ranges(s, self.cfg().insert_batch_bytes_max);
+        let refused = |row: usize, e: &str| {
+            ShardStats::add(&self.stats().queue_rejected[REJECT_UNSTORABLE], 1);
+            tracing::warn!(target: "chronos::queue", id = ?s.ids[row], "input message rejected: Postgres cannot store it ({e}); skipped");
+        };
+        let attempt = |r: Range<usize>| self.insert_range(s, r);
+        let Some(stored) = split_on_refusal(ranges, s.ids.len(), attempt, refused).await else {
+            return false;
+        };
         let stats = self.stats();
         stats.record_pg_batch(started.elapsed());
         ShardStats::add(&stats.queue_enqueued, stored as u64);
@@ -193,7 +188,8 @@ impl QueueShard {
 
     /// Seed 004: hand the batch's late messages to the producer, unless
     /// the ID already waits in the table or an earlier message of the
-    /// batch stores it (a duplicate ID among late ones is published once).
+    /// batch stores it. Late ones with the same ID are each published, in
+    /// order, as in separate batches.
     /// `None` only at shutdown; else what [`Self::acknowledged`] awaits.
     async fn publish_late(self: &Rc<Self>, s: &mut Sorted) -> Option<Rc<Batch>> {
         let wait = Rc::new(Batch {
@@ -210,12 +206,11 @@ impl QueueShard {
         for (i, id) in s.ids.iter().enumerate() {
             first_stored.entry(id.as_str()).or_insert(i);
         }
-        let mut published: HashSet<String> = HashSet::with_capacity(late.len());
         for (id, m, stored_before) in late {
             let stored_earlier = first_stored
                 .get(id.as_str())
                 .is_some_and(|&i| i < stored_before);
-            if waiting.contains(&id) || stored_earlier || !published.insert(id.clone()) {
+            if waiting.contains(&id) || stored_earlier {
                 continue;
             }
             ShardStats::add(&self.stats().queue_late, 1);
@@ -229,6 +224,7 @@ impl QueueShard {
                 value: m.value,
                 headers: m.headers,
                 attempts: 0,
+                alone: false,
             });
         }
         Some(wait)
@@ -283,6 +279,33 @@ fn byte_ranges(s: &Sorted, bytes_max: usize) -> Vec<Range<usize>> {
     ranges
 }
 
+/// Run `attempt` over each range of `ranges` (a stack, over `rows` rows):
+/// a permanent error splits the range in halves until the row at fault
+/// stands alone, which is given to `refused` and skipped (at most `2n - 1`
+/// attempts for `n` rows). The rows stored; `None` only at shutdown.
+async fn split_on_refusal<F, Fut>(
+    mut ranges: Vec<Range<usize>>,
+    rows: usize,
+    mut attempt: F,
+    mut refused: impl FnMut(usize, &str),
+) -> Option<usize>
+where
+    F: FnMut(Range<usize>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), QueryError>>,
+{
+    let mut stored = 0usize;
+    while let Some(r) = ranges.pop() {
+        assert!(!r.is_empty() && r.end <= rows);
+        match attempt(r.clone()).await {
+            Ok(()) => stored += r.len(),
+            Err(QueryError::Shutdown) => return None,
+            Err(QueryError::Permanent(e)) if r.len() == 1 => refused(r.start, &e),
+            Err(QueryError::Permanent(_)) => push_halves(&mut ranges, r),
+        }
+    }
+    Some(stored)
+}
+
 /// Retry a refused range as its two halves, first half first (`ranges` is
 /// a stack). A refused single row is never split: the callers handle it.
 fn push_halves(ranges: &mut Vec<Range<usize>>, r: Range<usize>) {
@@ -306,6 +329,46 @@ mod tests {
             s.values.push(Some(vec![0; n]));
         }
         s
+    }
+
+    /// Test gap (a): the split that a message Postgres refuses (`08P01`
+    /// over 1 GB, or bad data) sets off, with the refusal injected: each
+    /// range holding a bad row is refused until the bad row stands alone;
+    /// every other row is stored, in order, with at most `2n - 1`
+    /// attempts; shutdown stops it.
+    #[test]
+    fn a_refused_range_is_split_until_the_row_at_fault_stands_alone() {
+        let bad = [3usize, 4, 11];
+        let mut tried: Vec<Range<usize>> = Vec::new();
+        let mut stored_rows: Vec<usize> = Vec::new();
+        let mut skipped: Vec<usize> = Vec::new();
+        let attempt = |r: Range<usize>| {
+            tried.push(r.clone());
+            let refuse = bad.iter().any(|b| r.contains(b));
+            if !refuse {
+                stored_rows.extend(r);
+            }
+            std::future::ready(if refuse {
+                Err(QueryError::Permanent("08P01: invalid message".into()))
+            } else {
+                Ok(())
+            })
+        };
+        let ranges = vec![8..16, 0..8];
+        let got =
+            futures_lite::future::block_on(split_on_refusal(ranges, 16, attempt, |row, e| {
+                assert!(e.starts_with("08P01"));
+                skipped.push(row);
+            }));
+        assert_eq!(got, Some(13));
+        assert_eq!(skipped, bad);
+        let expected: Vec<usize> = (0..16).filter(|i| !bad.contains(i)).collect();
+        assert_eq!(stored_rows, expected, "stored in order, each once");
+        assert!(tried.len() < 2 * 16, "{} attempts", tried.len());
+        let shutdown = |_| std::future::ready(Err(QueryError::Shutdown));
+        let ranges = vec![2..4, 0..2];
+        let got = futures_lite::future::block_on(split_on_refusal(ranges, 4, shutdown, |_, _| {}));
+        assert_eq!(got, None);
     }
 
     /// Consecutive ranges of at most the bound (a larger row alone), the

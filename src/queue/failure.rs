@@ -3,12 +3,18 @@
 //! deadline first, and each is logged as `suspected failure of <node> for
 //! message <id>`. At most [`STUCK_BATCH_MAX`] rows per statement; a full
 //! batch is followed by the next at once. This node's own rows are reset
-//! too: the rows it holds (in a wheel or being published, retried until
-//! acknowledged) are kept fresh by the refresh below, so the only own rows
+//! too: the rows it holds (in a wheel, being published, retried until
+//! acknowledged, or waiting for their delete) are kept fresh by the
+//! refresh below, so the only own rows
 //! that come up are rows it lost, such as a claim whose reply never
 //! arrived (committed, then the connection was cut): nobody else would
 //! ever publish those (issue 25). A restarted node has a new node ID, so
 //! its predecessor's rows are reset as any other node's.
+//!
+//! Every `readied_at` is the server's clock (the claim and the refresh
+//! write `now()`, detection compares with it), so a statement retried
+//! through a Postgres stall stamps the time it ran, and the nodes' clocks
+//! never meet.
 //!
 //! Liveness (every shard): every quarter of the hold time a shard refreshes
 //! `readied_at` of the rows it holds that may be older than that, so no
@@ -36,7 +42,7 @@ use super::{Kind, QueueShard, QueueShared};
 use crate::stats::ShardStats;
 use rdkafka::consumer::Consumer;
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// Rows reset per failure-detection statement.
 const STUCK_BATCH_MAX: i64 = 10_000;
@@ -54,13 +60,14 @@ impl QueueShard {
             if self.gate.is_closing() {
                 return;
             }
-            let now = SystemTime::now();
-            let ids = self.held_ids_to_refresh(now);
+            let ids = self.held_ids_to_refresh(SystemTime::now());
             if ids.is_empty() {
                 continue;
             }
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                [&now, &ids, &self.shared.node_id];
+            // `readied_at` becomes the server's time when the statement
+            // runs (at each attempt), as in the claim.
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                [&ids, &self.shared.node_id];
             if retry_query(&self.pg, |c| &c.refresh, &params)
                 .await
                 .is_none()
@@ -73,7 +80,9 @@ impl QueueShard {
     /// The IDs of the rows this shard holds (waiting in its wheel, or being
     /// published; bounded by the claim bound) whose `readied_at` may be
     /// older than one refresh period: those due before `now - period +
-    /// look-ahead`.
+    /// look-ahead`; and every row published and waiting for its delete
+    /// (its deadline is not kept; a delete held up by Postgres must not
+    /// let detection reset and publish it again).
     fn held_ids_to_refresh(&self, now: SystemTime) -> Vec<String> {
         let now_us = super::deadline::unix_us_of(now);
         let skew_us = (self.cfg().look_ahead_ms as i64 - self.refresh_period_ms() as i64) * 1000;
@@ -91,6 +100,7 @@ impl QueueShard {
                 }
             }
         }
+        ids.extend(self.to_delete.borrow().iter().cloned());
         ids
     }
 
@@ -118,8 +128,9 @@ impl QueueShard {
     /// time ago, earliest deadline first: `Some(true)` if the batch was
     /// full; `None` only at shutdown.
     async fn reset_stuck(&self, hold_time_ms: u64) -> Option<bool> {
-        let cutoff = SystemTime::now() - Duration::from_millis(hold_time_ms);
-        let rows = retry_query(&self.pg, |c| &c.stuck, &[&cutoff, &STUCK_BATCH_MAX]).await?;
+        // On the server's clock, as the claim and the refresh.
+        let hold_ms = i64::try_from(hold_time_ms).unwrap_or(i64::MAX);
+        let rows = retry_query(&self.pg, |c| &c.stuck, &[&hold_ms, &STUCK_BATCH_MAX]).await?;
         assert!(
             rows.len() as i64 <= STUCK_BATCH_MAX,
             "the stuck statement has a LIMIT"

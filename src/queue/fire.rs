@@ -14,6 +14,13 @@ use std::time::{Duration, Instant, SystemTime};
 /// Messages published per turn of the fire task.
 const FIRE_PER_TURN_MAX: usize = 1024;
 
+/// The claimed rows' bytes as the claim counts them (its last column).
+fn claimed_bytes(rows: &[tokio_postgres::Row]) -> i64 {
+    rows.iter()
+        .map(|r| r.try_get::<_, i64>(5).unwrap_or(0))
+        .fold(0, i64::saturating_add)
+}
+
 impl QueueShard {
     pub(super) async fn claim_loop(self: Rc<Self>) {
         let cfg = self.cfg().clone();
@@ -37,18 +44,22 @@ impl QueueShard {
             let node_id = &self.shared.node_id;
             let room = cfg.in_hand_bytes_max - in_hand_bytes;
             let bytes_max = cfg.claim_batch_bytes_max.min(room) as i64;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-                [&now, node_id, &horizon, &limit, &bytes_max];
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [node_id, &horizon, &limit, &bytes_max];
             let Some(rows) = retry_query(&self.pg, |c| &c.ready, &params).await else {
                 return;
             };
             self.stats().record_pg_batch(started.elapsed());
             let claimed = rows.len();
             assert!(claimed as i64 <= limit, "the ready statement has a LIMIT");
+            let cut_short = claimed > 0 && claimed_bytes(&rows) >= bytes_max;
             if claimed > 0 {
                 self.hold(rows);
             }
-            if claimed as i64 == limit {
+            // Full, or cut short by the byte bound (the rows' bytes reached
+            // it: a row may have been left out): claim again at once, while
+            // there is room.
+            if claimed as i64 == limit || cut_short {
                 glommio::yield_if_needed().await;
                 continue;
             }
@@ -108,6 +119,7 @@ impl QueueShard {
                     value: h.value,
                     headers: h.headers,
                     attempts: 0,
+                    alone: false,
                 });
             }
             if fired == FIRE_PER_TURN_MAX {

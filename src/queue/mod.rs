@@ -14,9 +14,10 @@
 //!   (`consumer.rs`), which hands each message to the shard owning its
 //!   partition (`partition % shards`) over a bounded awaitable channel
 //!   (pausing the partition while the shard has no room);
-//! - one librdkafka producer per node; its delivery callback routes each
-//!   acknowledgement back to the shard that sent the message
-//!   (`producer.rs`);
+//! - one librdkafka producer per node (and one that sends batches of one
+//!   message, for a message whose batch was refused); their delivery
+//!   callback routes each acknowledgement back to the shard that sent the
+//!   message (`producer.rs`);
 //! - per shard: one Postgres connection (`pg.rs`) and tasks that hold the
 //!   shard's gate: enqueue (`enqueue.rs`), claim and fire (`fire.rs`),
 //!   delivery and delete (`producer.rs`, `delete.rs`); shard 0 also runs
@@ -137,6 +138,9 @@ pub struct QueueShared {
     /// This process's node ID (a random UUID, new at every start).
     pub node_id: String,
     pub producer: ThreadedProducer<DeliveryRouter>,
+    /// The same, in batches of one message: for a message whose batch was
+    /// refused, to learn whether the refusal is about it.
+    pub solo: ThreadedProducer<DeliveryRouter>,
     pub consumer: Arc<BaseConsumer<DefaultConsumerContext>>,
     inboxes: Vec<async_channel::Receiver<Inbound>>,
     /// Per shard: the bytes of the messages in its inbox or its batch in
@@ -242,6 +246,9 @@ struct Pending {
     value: Option<Vec<u8>>,
     headers: HeaderList,
     attempts: u32,
+    /// Sent through the producer of one-message batches, since a batch
+    /// holding it was refused for good.
+    alone: bool,
 }
 
 impl Pending {

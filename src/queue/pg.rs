@@ -506,22 +506,35 @@ pub async fn query_input(
 /// node's claim passes them by) in an `ARRAY(...)` init plan, so that the
 /// update finds them by primary key; an `IN (SELECT ...)` planned as a
 /// hash semi-join over a sequential scan of the whole table (perf/README).
+///
+/// `readied_at` is the server's clock ([`SERVER_NOW`]), as in the refresh
+/// and failure detection: each attempt of a retried statement takes the
+/// time anew, and the nodes' clocks never meet. The last column is each
+/// row's size as counted here (so that the caller knows whether the byte
+/// bound cut the claim short).
 fn claim_sql(t: &str) -> String {
     format!(
-        "UPDATE {t} SET readied_at = $1, readied_by = $2::text::uuid
+        "UPDATE {t} SET readied_at = {SERVER_NOW}, readied_by = $1::text::uuid
          WHERE id = ANY(ARRAY(
              SELECT id FROM (
                  SELECT id, sum(size) OVER (ORDER BY deadline ROWS UNBOUNDED PRECEDING) - size AS before
-                 FROM (SELECT id, deadline,
-                              coalesce(octet_length(message_value), 0)
-                              + coalesce(octet_length(message_key), 0)
-                              + coalesce(pg_column_size(message_headers), 0) AS size
-                       FROM {t} WHERE deadline <= $3 AND readied_at IS NULL
-                       ORDER BY deadline LIMIT $4 FOR UPDATE SKIP LOCKED) AS candidates
-             ) AS sized WHERE before < $5::bigint))
-         RETURNING id, deadline, message_key, message_value, message_headers::text"
+                 FROM (SELECT id, deadline, {ROW_SIZE} AS size
+                       FROM {t} WHERE deadline <= $2 AND readied_at IS NULL
+                       ORDER BY deadline LIMIT $3 FOR UPDATE SKIP LOCKED) AS candidates
+             ) AS sized WHERE before < $4::bigint))
+         RETURNING id, deadline, message_key, message_value, message_headers::text, {ROW_SIZE}"
     )
 }
+
+/// The server's clock at the statement's start, as a `timestamp` in UTC
+/// (the table's times are UTC, as the nodes write deadlines).
+const SERVER_NOW: &str = "(now() AT TIME ZONE 'UTC')";
+
+/// A row's bytes in the claim's byte bound (as `bigint`: two large columns
+/// may pass 2 GB).
+const ROW_SIZE: &str = "(coalesce(octet_length(message_value), 0)::bigint
+    + coalesce(octet_length(message_key), 0)
+    + coalesce(pg_column_size(message_headers), 0))";
 
 /// Prepare the queue's statements on a fresh connection.
 async fn prepare(
@@ -554,9 +567,11 @@ async fn prepare(
     .await?;
     // Earliest deadlines first; this node's own rows too: the ones it
     // holds are refreshed, so only the ones it lost come up.
+    // `$1`: the hold time in ms, on the server's clock as the claim.
     let stuck = prep(format!(
         "SELECT id, readied_by::text, readied_at FROM {t}
-         WHERE readied_at < $1 ORDER BY deadline LIMIT $2"
+         WHERE readied_at < {SERVER_NOW} - $1::bigint * interval '1 millisecond'
+         ORDER BY deadline LIMIT $2"
     ))
     .await?;
     let reset = prep(format!(
@@ -567,8 +582,8 @@ async fn prepare(
     ))
     .await?;
     let refresh = prep(format!(
-        "UPDATE {t} SET readied_at = $1
-         WHERE id = ANY($2::text[]) AND readied_by = $3::text::uuid"
+        "UPDATE {t} SET readied_at = {SERVER_NOW}
+         WHERE id = ANY($1::text[]) AND readied_by = $2::text::uuid"
     ))
     .await?;
     Ok(Conn {
@@ -609,7 +624,16 @@ mod tests {
     fn the_claim_caps_rows_and_bytes_and_uses_the_primary_key() {
         let sql = claim_sql("t");
         assert!(sql.contains("id = ANY(ARRAY("));
-        assert!(sql.contains("LIMIT $4 FOR UPDATE SKIP LOCKED"));
-        assert!(sql.contains("before < $5::bigint"));
+        assert!(sql.contains("LIMIT $3 FOR UPDATE SKIP LOCKED"));
+        assert!(sql.contains("before < $4::bigint"));
+    }
+
+    /// Finding 3: the claim takes the server's time at each attempt, not
+    /// a parameter fixed before the first.
+    #[test]
+    fn the_claim_stamps_the_server_s_clock() {
+        let sql = claim_sql("t");
+        assert!(sql.contains(&format!("readied_at = {SERVER_NOW}")), "{sql}");
+        assert!(!sql.contains("readied_at = $"), "{sql}");
     }
 }

@@ -1,12 +1,17 @@
 //! Publishing: the producer side of the queue. Every publish has a token
 //! (the shard in its top bits); librdkafka's delivery callback routes each
 //! report back to that shard over a bounded channel. A publish that failed
-//! for a transient reason is retried with backoff; one the producer or the
-//! broker refused for good ([`is_permanent`]: too large, an invalid record,
-//! no right to write the output topic) is logged, counted as
-//! `unpublishable` and skipped. Either end, acknowledged or skipped,
-//! completes its message: the row is queued for deletion, or the enqueue
-//! batch that waits is told.
+//! for a transient reason is retried with backoff. One refused for good
+//! ([`is_permanent`]: too large, an invalid record, no right to write the
+//! output topic) is logged, counted as `unpublishable` and skipped, but
+//! only once the refusal is known to be about that message ([`next_step`]):
+//! the producer's own check when it is handed over, or the broker's reply
+//! to a batch of that message alone. A broker's error applies to a whole
+//! partition batch (librdkafka reports it for every message in it), so a
+//! message refused in a batch is first sent again alone, through a second
+//! producer that makes batches of one message. Either end, acknowledged or
+//! skipped, completes its message: the row is queued for deletion, or the
+//! enqueue batch that waits is told.
 
 use super::{id_bytes, Kind, Pending, QueueConfig, QueueShard, CLAIMED_IN_HAND_BATCHES};
 use crate::runtime::clock;
@@ -42,6 +47,31 @@ pub struct Refusal {
     permanent: bool,
 }
 
+/// What to do with a publish that failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Transient: send it again after a backoff.
+    Retry,
+    /// Refused in a batch: send it again alone, to learn whether the
+    /// refusal is about it.
+    Alone,
+    /// Refused for good, and the refusal is about this message: skip it.
+    Refuse,
+}
+
+/// The decision for a failed publish. A permanent refusal is about the
+/// message itself only when the producer refused it as it was handed over
+/// (`synchronous`: its own size check), or when the broker refused a batch
+/// holding it `alone`; any other is about a batch, which may have held a
+/// neighbour at fault.
+pub fn next_step(permanent: bool, synchronous: bool, alone: bool) -> Step {
+    match (permanent, synchronous || alone) {
+        (false, _) => Step::Retry,
+        (true, true) => Step::Refuse,
+        (true, false) => Step::Alone,
+    }
+}
+
 impl Refusal {
     fn of(e: &KafkaError) -> Refusal {
         Refusal {
@@ -57,7 +87,10 @@ impl Refusal {
 /// the network away, leader changes, timeouts, a full local queue, an
 /// unknown topic or partition (it may yet be created), too few in-sync
 /// replicas, quotas, a corrupt message (a CRC error: retriable in Kafka),
-/// and a fatal idempotent-producer error (the node must be restarted).
+/// a reply librdkafka could not parse (`BadMessage`), a timestamp outside
+/// the broker's bounds (`InvalidTimestamp`: no timestamp is set on the
+/// record, so it is this node's clock, which may be corrected), and a fatal
+/// idempotent-producer error (the node must be restarted).
 pub fn is_permanent(code: RDKafkaErrorCode) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
@@ -67,12 +100,10 @@ pub fn is_permanent(code: RDKafkaErrorCode) -> bool {
         C::MessageSizeTooLarge
             | C::InvalidMessageSize
             // The broker's record validation (e.g. no key on a compacted
-            // topic, a timestamp out of range, headers on an old format),
-            // or one librdkafka cannot encode.
+            // topic, headers on an old format), or one librdkafka cannot
+            // encode.
             | C::InvalidRecord
-            | C::InvalidTimestamp
             | C::UnsupportedForMessageFormat
-            | C::BadMessage
             // This node may not write the output topic, or cannot name it.
             | C::TopicAuthorizationFailed
             | C::InvalidTopic
@@ -155,19 +186,45 @@ impl QueueShard {
             if let Some(v) = &p.value {
                 record = record.payload(v.as_slice());
             }
-            self.shared.producer.send(record).map_err(|(e, _)| e)
+            let producer = if p.alone {
+                &self.shared.solo
+            } else {
+                &self.shared.producer
+            };
+            producer.send(record).map_err(|(e, _)| e)
         };
         if let Err(e) = outcome {
-            self.failed(token, Refusal::of(&e));
+            self.failed(token, Refusal::of(&e), true);
         }
     }
 
-    fn failed(self: &Rc<Self>, token: usize, r: Refusal) {
-        if r.permanent {
-            self.refused(token, &r.why);
-        } else {
-            self.retry_later(token, &r.why);
+    /// A publish failed: when the producer refused it as it was handed
+    /// over (`synchronous`), or as the broker's report.
+    fn failed(self: &Rc<Self>, token: usize, r: Refusal, synchronous: bool) {
+        let alone = {
+            let pending = self.pending.borrow();
+            let Some(p) = pending.get(&token) else {
+                return;
+            };
+            p.alone
+        };
+        match next_step(r.permanent, synchronous, alone) {
+            Step::Retry => self.retry_later(token, &r.why),
+            Step::Refuse => self.refused(token, &r.why),
+            Step::Alone => self.resend_alone(token, &r.why),
         }
+    }
+
+    /// Refused in a batch: send it again in a batch of its own, at once.
+    fn resend_alone(self: &Rc<Self>, token: usize, why: &str) {
+        let Some(id) = self.pending.borrow_mut().get_mut(&token).map(|p| {
+            p.alone = true;
+            p.id().to_string()
+        }) else {
+            return;
+        };
+        tracing::debug!(target: "chronos::queue", "message {id} refused in a batch, sent again alone: {why}");
+        self.send(token);
     }
 
     /// A publish refused for good: logged (every one, with its ID), counted
@@ -244,13 +301,53 @@ impl QueueShard {
                 return;
             };
             if let Err(r) = d.result {
-                self.failed(d.token, r);
+                self.failed(d.token, r, false);
                 continue;
             }
             let Some(p) = self.pending.borrow_mut().remove(&d.token) else {
                 continue;
             };
             self.complete(p, true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use RDKafkaErrorCode as C;
+
+    /// Finding 1: only a refusal about the message alone skips it.
+    #[test]
+    fn a_refusal_in_a_batch_is_tried_alone_before_skipping() {
+        // The producer's own size check, as the message is handed over.
+        assert_eq!(next_step(true, true, false), Step::Refuse);
+        // The broker refused its batch: maybe a neighbour's fault.
+        assert_eq!(next_step(true, false, false), Step::Alone);
+        // Refused again in a batch of its own: its own fault.
+        assert_eq!(next_step(true, false, true), Step::Refuse);
+        // Transient errors are retried, alone or not.
+        for (sync, alone) in [(false, false), (true, false), (false, true)] {
+            assert_eq!(next_step(false, sync, alone), Step::Retry);
+        }
+    }
+
+    /// Finding 2: a reply librdkafka could not parse and a timestamp out
+    /// of the broker's bounds are transient; size, record and
+    /// authorization refusals are not.
+    #[test]
+    fn bad_replies_and_timestamps_are_retried() {
+        assert!(!is_permanent(C::BadMessage));
+        assert!(!is_permanent(C::InvalidTimestamp));
+        assert!(!is_permanent(C::RequestTimedOut));
+        assert!(!is_permanent(C::UnknownTopicOrPartition));
+        for c in [
+            C::MessageSizeTooLarge,
+            C::InvalidMessageSize,
+            C::InvalidRecord,
+            C::TopicAuthorizationFailed,
+        ] {
+            assert!(is_permanent(c), "{c:?}");
         }
     }
 }
