@@ -342,13 +342,22 @@ fn wait_for_run(
                 )),
             };
         }
-        if count(&r, "started-runs") < run {
-            before = r;
-        } else if std::time::Instant::now() > deadline {
+        let started = count(&r, "started-runs");
+        if std::time::Instant::now() > deadline {
+            // Checked on every pass: a run that never starts (an earlier
+            // one still going, or the node restarted) ends the wait too.
+            if started < run {
+                return Err(format!(
+                    "resync run {run} did not start within the timeout (started-runs {started})"
+                ));
+            }
             let figures = run_figures(run, &before, &r);
             return Err(format!(
                 "resync run {run} did not finish within the timeout; so far: {figures}"
             ));
+        }
+        if started < run {
+            before = r;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

@@ -314,10 +314,14 @@ fn peer_of(req: &Request<'_>) -> String {
         .query
         .split('&')
         .find_map(|pair| pair.strip_prefix("node-for-replicas="));
-    match (named, req.peer) {
-        (Some(node), _) => format!("node {node} (its node-for-replicas)"),
-        (None, Some(ip)) => format!("{ip}"),
-        (None, None) => "a peer of unknown address".to_string(),
+    // The connection's address, and what the request says it is (a
+    // claim, not proof).
+    let ip = req
+        .peer
+        .map_or_else(|| "an unknown address".to_string(), |ip| ip.to_string());
+    match named {
+        Some(node) => format!("{ip} (naming node {node} in node-for-replicas)"),
+        None => ip,
     }
 }
 

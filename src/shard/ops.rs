@@ -255,7 +255,7 @@ impl Shard {
         let delta_ms = r
             .start_time_delta_ms
             .clamp(-(now as i64), i64::MAX - now as i64);
-        let start_ms = start_of(now, delta_ms, r.start_time_unix_ms);
+        let start_ms = (now as i64 + delta_ms).max(0) as u64;
         let version = r.version_us.unwrap_or_else(|| {
             let delta_us = delta_ms.saturating_mul(1000);
             (clock::unix_us() as i64).saturating_add(delta_us).max(0) as u64
@@ -475,72 +475,5 @@ impl Shard {
             Some(Reply::Applied(r)) => r,
             _ => Err(OpError::new(503, "owning shard is unavailable")),
         }
-    }
-}
-
-/// A message's start is taken as no earlier than `TRANSIT_MS_MIN` before
-/// what its delta says before the wall-clock start is trusted instead
-/// (clocks a little apart never move a pop earlier).
-const TRANSIT_MS_MIN: i64 = 250;
-/// Nor more than this (clocks far apart: the delta wins).
-const TRANSIT_MS_MAX: i64 = 60_000;
-
-/// A replicated incarnation's start on this node's engine clock: `now` +
-/// the sender's delta, unless the sender's wall-clock start (`start-time`,
-/// ms since the epoch modulo `u32::MAX`) says the message took between
-/// `TRANSIT_MS_MIN` and `TRANSIT_MS_MAX` to arrive: held in a stopped
-/// peer's socket buffer, say, where no resend can restamp its delta. Then
-/// the wall-clock start, so the schedule does not drift by the transit.
-pub fn start_of(now: u64, delta_ms: i64, start_time: Option<u64>) -> u64 {
-    let by_delta = (now as i64).saturating_add(delta_ms).max(0);
-    let modulus = u32::MAX as i64;
-    let Some(st) = start_time.filter(|st| *st < u32::MAX as u64) else {
-        return by_delta as u64;
-    };
-    let unix_now = clock::unix_ms() as i64;
-    let base = unix_now - unix_now.rem_euclid(modulus) + st as i64;
-    let abs_unix = [base - modulus, base, base + modulus]
-        .into_iter()
-        .min_by_key(|t| (t - unix_now).abs())
-        .expect("three candidates");
-    let by_clock = now as i64 + (abs_unix - unix_now);
-    let transit = by_delta - by_clock;
-    if (TRANSIT_MS_MIN..=TRANSIT_MS_MAX).contains(&transit) {
-        by_clock.max(0) as u64
-    } else {
-        by_delta as u64
-    }
-}
-
-#[cfg(test)]
-mod start_tests {
-    use super::start_of;
-    use crate::runtime::clock;
-
-    #[test]
-    fn the_wall_clock_start_corrects_only_a_plausible_transit() {
-        let now = clock::now_ms();
-        let unix = clock::unix_ms();
-        let m = u32::MAX as u64;
-        // (delta, wall-clock start relative to now, expected start - now)
-        let table: &[(i64, i64, i64)] = &[
-            (0, 0, 0),            // no transit
-            (0, -100, 0),         // within clock noise: the delta
-            (0, -3000, -3000),    // 3 s in a socket buffer: the wall clock
-            (-500, -3500, -3500), // the same, a delta already negative
-            (0, 2000, 0),         // the sender's clock ahead: the delta
-            (0, -120_000, 0),     // clocks far apart: the delta
-        ];
-        for &(delta, wall, want) in table {
-            let st = ((unix as i64 + wall) as u64) % m;
-            let got = start_of(now, delta, Some(st)) as i64 - now as i64;
-            assert!((got - want).abs() <= 5, "delta {delta} wall {wall}: {got}");
-        }
-        assert_eq!(start_of(now, -7, None), now - 7);
-        assert_eq!(
-            start_of(now, -7, Some(u64::MAX)),
-            now - 7,
-            "garbage ignored"
-        );
     }
 }

@@ -22,11 +22,10 @@ pub(super) fn body_of<'a>(
     sites: &'a [&'a str],
     view_id: u64,
 ) -> Body<'a> {
-    let delta_ms = head.start_ms as i64 - clock::now_ms() as i64;
     Body {
         interval_ms: head.interval_ms,
         repeat_for_ms: head.repeat_for_ms,
-        start_time_delta_ms: delta_ms,
+        start_time_delta_ms: head.start_ms as i64 - clock::now_ms() as i64,
         sequence: head.sequence,
         version_us: head.version,
         uri: callback.0,
@@ -36,9 +35,7 @@ pub(super) fn body_of<'a>(
         sites,
         factor_requested: head.factor_requested,
         tags,
-        // The same start in the wall clock: a receiver that gets the message
-        // late (held in a socket buffer) can tell (`ops::start_of`).
-        start_time_unix_ms: Some((clock::unix_ms() as i64 + delta_ms).max(0) as u64),
+        start_time_unix_ms: None,
     }
 }
 

@@ -37,10 +37,6 @@ pub struct TimerSpec<'a> {
 #[derive(Debug, PartialEq)]
 pub struct Replication<'a> {
     pub start_time_delta_ms: i64,
-    /// `timing.start-time`: the start in the sender's wall clock, ms since
-    /// the epoch modulo `u32::MAX` (seed 000's resync form; this project's
-    /// replication bodies carry it too), if given.
-    pub start_time_unix_ms: Option<u64>,
     /// The incarnation's version, when the sender is a chronos of this project.
     pub version_us: Option<u64>,
     pub sequence_number: u32,
@@ -69,7 +65,6 @@ impl TimerSpec<'_> {
             tags: self.tags.into_iter().map(|(t, c)| (own(t), c)).collect(),
             replication: self.replication.map(|r| Replication {
                 start_time_delta_ms: r.start_time_delta_ms,
-                start_time_unix_ms: r.start_time_unix_ms,
                 version_us: r.version_us,
                 sequence_number: r.sequence_number,
                 cluster_view_id: r.cluster_view_id.map(own),
@@ -101,8 +96,6 @@ struct RawTiming {
     repeat_for: Option<serde_json::Value>,
     #[serde(rename = "start-time-delta")]
     start_time_delta: Option<i64>,
-    #[serde(rename = "start-time")]
-    start_time: Option<u64>,
     #[serde(rename = "sequence-number")]
     sequence_number: Option<u32>,
     /// This project's extension: the incarnation's version (wall-clock µs of
@@ -326,7 +319,6 @@ fn parse_replication<'a>(
     }
     Ok(Some(Replication {
         start_time_delta_ms: timing.start_time_delta.unwrap_or(0),
-        start_time_unix_ms: timing.start_time,
         version_us: timing.version,
         sequence_number: timing.sequence_number.unwrap_or(0),
         cluster_view_id: cluster_view_id.clone(),
