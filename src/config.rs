@@ -1,7 +1,8 @@
 //! Configuration: a TOML file with the reference's key names, overridden by
-//! environment variables, overridden by command-line flags. Everything is
-//! validated here, before anything binds; an invalid config is an error
-//! message and a non-zero exit.
+//! environment variables (`CHRONOS_<SECTION>_<KEY>`, [`overrides`]),
+//! overridden by command-line flags. Everything is validated here, before
+//! anything binds; an invalid config is an error message naming the key and
+//! its value, and a non-zero exit. A SIGHUP re-reads the file ([`reload`]).
 //!
 //! ```toml
 //! [http]
@@ -20,15 +21,21 @@
 
 use crate::cluster::sites::Sites;
 use crate::cluster::Cluster;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
+
+pub mod overrides;
+pub mod reload;
+
+pub use overrides::{Applied, Cli, Override, USAGE};
+pub use reload::Reread;
 
 /// What the skew rule leaves for a pop's replication to reach the next
 /// replica (a loopback or LAN round trip is well under it).
 pub const POP_REPLICATION_ALLOWANCE_MS: u64 = 250;
 
 /// `[http]`
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct HttpConfig {
     pub bind_address: String,
@@ -62,7 +69,7 @@ pub struct HttpConfig {
 }
 
 /// How the kernel picks a shard's listener for a new connection.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum AcceptSteering {
     /// The shard pinned to the CPU that received the connection's SYN
@@ -103,7 +110,7 @@ impl Default for HttpConfig {
 }
 
 /// `[runtime]`
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct RuntimeConfig {
     /// Number of shards (pinned cores). `None`: every available core.
@@ -113,7 +120,7 @@ pub struct RuntimeConfig {
 }
 
 /// `[cluster]`
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct ClusterConfig {
     /// This node's `"ip:port"` in the lists below. Default: bind address and port.
@@ -144,7 +151,8 @@ pub struct ClusterConfig {
     pub resync_at_start: bool,
     /// When set, every internal request (replication, resync, cross-site)
     /// carries it as `Authorization: Bearer <secret>`, and one without it
-    /// gets `403`. Never logged.
+    /// gets `403`. Never logged (nor serialized: a reload compares it).
+    #[serde(skip_serializing)]
     pub shared_secret: Option<Secret>,
 }
 
@@ -208,7 +216,7 @@ impl Default for ClusterConfig {
 /// `[identity]`, with the reference's key names: the 10 identity bits of
 /// every timer ID this node hands out are `deployment_id` (3 bits) over
 /// `instance_id` (7 bits).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IdentityConfig {
     /// 0..=127. Default: derived from the member list, distinct for every
@@ -220,7 +228,7 @@ pub struct IdentityConfig {
 }
 
 /// `[timers]`
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct TimersConfig {
     /// Total time a callback may take (connect, send, response), counted
@@ -268,7 +276,7 @@ impl Default for TimersConfig {
 }
 
 /// `[log]`
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct LogConfig {
     /// A `tracing` filter, e.g. `info` or `chronos=debug`. `RUST_LOG` wins.
@@ -330,7 +338,7 @@ pub struct Config {
 
 /// `[throttling]`, with the reference's key names: the token bucket that
 /// admits client requests (`runtime::throttle`).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ThrottlingConfig {
     /// The latency the bucket steers to, in µs (request latency and pop
@@ -355,13 +363,48 @@ impl Default for ThrottlingConfig {
     }
 }
 
+impl ThrottlingConfig {
+    /// Each key named with its value: every one positive but
+    /// `max_token_rate` (0: no maximum, else at least `min_token_rate`).
+    /// An `initial_token_rate` outside `[min_token_rate, max_token_rate]`
+    /// starts at the nearer bound.
+    fn check(&self) -> Result<(), String> {
+        for (key, value) in [
+            ("target_latency", self.target_latency),
+            ("max_tokens", self.max_tokens),
+            ("initial_token_rate", self.initial_token_rate),
+            ("min_token_rate", self.min_token_rate),
+        ] {
+            positive("throttling", key, value)?;
+        }
+        if self.max_token_rate != 0 && self.max_token_rate < self.min_token_rate {
+            return Err(format!(
+                "[throttling] max_token_rate = {} is below min_token_rate = {}: set it to 0 (no maximum) or at least min_token_rate",
+                self.max_token_rate, self.min_token_rate
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[section] key = 0: must be positive`.
+fn positive(section: &str, key: &str, value: u64) -> Result<(), String> {
+    if value == 0 {
+        return Err(format!("[{section}] {key} = 0: must be positive"));
+    }
+    Ok(())
+}
+
 /// `[sites]`, with the reference's key names: geographic redundancy.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SitesConfig {
-    pub local_site: String,
-    /// `"name=ip:port"` (or `"name=ip"`: the local bind port) per remote
-    /// site: where that site's nodes take cross-site requests.
+    /// This site's name, as the other sites know it. Required in a
+    /// `[sites]` section; without the section the node's site is `site1`.
+    pub local_site: Option<String>,
+    /// `"name=host:port"` (or `"name=host"`: the local bind port) per
+    /// remote site, the host an IP address or a DNS name: where that
+    /// site's nodes take cross-site requests.
     pub remote_site: Vec<String>,
     /// Send timers to the remote sites (off: each site keeps its own).
     pub replicate_timers_across_sites: bool,
@@ -370,91 +413,30 @@ pub struct SitesConfig {
     /// A cross-site message is retried while its site is unreachable, up
     /// to this long after it was queued (then given up, counted).
     pub site_deliver_within_ms: u64,
+    /// Whether the file (or a `CHRONOS_SITES_*` variable) has a `[sites]`
+    /// section: `true` when deserialized, `false` in the default.
+    #[serde(skip, default = "section_given")]
+    pub given: bool,
+}
+
+/// The name of the node's site without a `[sites]` section.
+pub const DEFAULT_SITE: &str = "site1";
+
+fn section_given() -> bool {
+    true
 }
 
 impl Default for SitesConfig {
     fn default() -> Self {
         SitesConfig {
-            local_site: "site1".into(),
+            local_site: None,
+            given: false,
             remote_site: Vec::new(),
             replicate_timers_across_sites: false,
             site_timeout_ms: 5000,
             site_deliver_within_ms: 300_000,
         }
     }
-}
-
-/// What the command line asked for.
-#[derive(Debug, Default)]
-pub struct Cli {
-    pub config_path: Option<String>,
-    pub overrides: Vec<(String, String)>,
-    pub help: bool,
-    pub version: bool,
-}
-
-pub const USAGE: &str = "\
-usage: chronos [--config FILE.toml] [--bind-address IP] [--bind-port PORT]
-               [--cores N] [--localhost IP:PORT] [--log-level FILTER]
-       chronos --help | --version
-
-With no file, chronos runs the embedded default: a single node on
-127.0.0.1:7253, in memory, on every core.
-Environment: CHRONOS_CONFIG, CHRONOS_BIND_ADDRESS, CHRONOS_BIND_PORT,
-CHRONOS_CORES, CHRONOS_LOCALHOST, CHRONOS_LOG_LEVEL (flags win over env).";
-
-/// Flags that take a value, and the env variable for each.
-const OVERRIDES: &[(&str, &str)] = &[
-    ("--bind-address", "CHRONOS_BIND_ADDRESS"),
-    ("--bind-port", "CHRONOS_BIND_PORT"),
-    ("--cores", "CHRONOS_CORES"),
-    ("--localhost", "CHRONOS_LOCALHOST"),
-    ("--log-level", "CHRONOS_LOG_LEVEL"),
-];
-
-impl Cli {
-    /// Parse arguments (without the program name) and the environment.
-    pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Cli, String> {
-        let mut cli = Cli {
-            config_path: env("CHRONOS_CONFIG"),
-            ..Cli::default()
-        };
-        for (flag, var) in OVERRIDES {
-            if let Some(value) = env(var) {
-                cli.overrides.push((flag.to_string(), value));
-            }
-        }
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-                _ => (arg.as_str(), None),
-            };
-            match flag {
-                "-h" | "--help" => cli.help = true,
-                "-V" | "--version" => cli.version = true,
-                "-c" | "--config" => {
-                    cli.config_path = Some(take_value(flag, inline, &mut it)?);
-                }
-                _ if OVERRIDES.iter().any(|(f, _)| *f == flag) => {
-                    let value = take_value(flag, inline, &mut it)?;
-                    cli.overrides.push((flag.to_string(), value));
-                }
-                _ => return Err(format!("unknown argument {arg:?}\n{USAGE}")),
-            }
-        }
-        Ok(cli)
-    }
-}
-
-fn take_value(
-    flag: &str,
-    inline: Option<String>,
-    it: &mut std::slice::Iter<'_, String>,
-) -> Result<String, String> {
-    inline
-        .or_else(|| it.next().cloned())
-        .ok_or_else(|| format!("{flag} needs a value"))
 }
 
 /// Everything resolved and checked: what the engine runs with.
@@ -468,6 +450,50 @@ pub struct Resolved {
     pub instance_id: u16,
     /// `[sites]` resolved (restart to change).
     pub sites: Sites,
+    /// What it was read from, for a reload.
+    pub source: Source,
+    /// What start-up should log at warn (unknown `CHRONOS_*` variables).
+    pub warnings: Vec<String>,
+}
+
+/// Where a configuration was read from: the file, and the overrides as
+/// they were applied at start (a reload re-reads the file, not the
+/// environment or the flags). Its `Debug` shows no value (the table holds
+/// the shared secret).
+#[derive(Clone, Default)]
+pub struct Source {
+    pub config_path: Option<String>,
+    pub applied: Vec<Applied>,
+    /// The file's table with the overrides applied, as at start.
+    pub table: toml::Table,
+    /// The cores there were at start.
+    pub available_cores: usize,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("config_path", &self.config_path)
+            .field("applied", &self.applied)
+            .field("available_cores", &self.available_cores)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Source {
+    /// The file's text (`""`: the embedded default).
+    fn text(&self) -> Result<String, String> {
+        match &self.config_path {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read config file {path:?}: {e}")),
+            None => Ok(String::new()),
+        }
+    }
+
+    /// Where errors in the file are: its path.
+    fn name(&self) -> &str {
+        self.config_path.as_deref().unwrap_or("(embedded default)")
+    }
 }
 
 impl Config {
@@ -476,53 +502,59 @@ impl Config {
         toml::from_str(text).map_err(|e| format!("invalid config: {e}"))
     }
 
-    /// Load from the CLI's file (or the embedded default), apply overrides,
-    /// and validate.
+    /// Load from the CLI's file (or the embedded default), apply the
+    /// environment's and the flags' overrides, and validate. An error
+    /// names the key and the value, and the variable or flag that set it.
     pub fn load(cli: &Cli, available_cores: usize) -> Result<Resolved, String> {
-        let mut config = match &cli.config_path {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read config file {path:?}: {e}"))?;
-                Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?
-            }
-            None => Config::default(),
+        let mut source = Source {
+            config_path: cli.config_path.clone(),
+            available_cores,
+            ..Source::default()
         };
-        for (flag, value) in &cli.overrides {
-            config.apply(flag, value)?;
+        let text = source.text()?;
+        let name = source.name().to_string();
+        // The file alone first: its errors point at its lines.
+        let mut config = Config::from_toml(&text).map_err(|e| format!("{name}: {e}"))?;
+        let mut warnings = cli.warnings.clone();
+        if !cli.overrides.is_empty() {
+            let mut table: toml::Table =
+                toml::from_str(&text).map_err(|e| format!("{name}: {e}"))?;
+            let (applied, unknown) = overrides::apply(&mut table, &cli.overrides)?;
+            config = Config::deserialize(toml::Value::Table(table.clone()))
+                .map_err(|e| format!("invalid config: {}", e.to_string().trim_end()))?;
+            (source.applied, source.table) = (applied, table);
+            warnings.extend(unknown);
+        } else {
+            source.table = toml::from_str(&text).map_err(|e| format!("{name}: {e}"))?;
         }
-        config.resolve(available_cores)
-    }
-
-    fn apply(&mut self, flag: &str, value: &str) -> Result<(), String> {
-        let bad = |what: &str| format!("{flag}: {value:?} is not {what}");
-        match flag {
-            "--bind-address" => self.http.bind_address = value.to_string(),
-            "--bind-port" => self.http.bind_port = value.parse().map_err(|_| bad("a port"))?,
-            "--cores" => self.runtime.cores = Some(value.parse().map_err(|_| bad("a number"))?),
-            "--localhost" => self.cluster.localhost = Some(value.to_string()),
-            "--log-level" => self.log.level = value.to_string(),
-            _ => return Err(format!("unknown override {flag}")),
-        }
-        Ok(())
+        let mut resolved = config
+            .resolve(available_cores)
+            .map_err(|e| overrides::annotate(e, &source.applied))?;
+        (resolved.source, resolved.warnings) = (source, warnings);
+        Ok(resolved)
     }
 
     /// Check every value and derive what the engine needs.
     pub fn resolve(self, available_cores: usize) -> Result<Resolved, String> {
+        self.resolve_with(available_cores, None)
+    }
+
+    /// `resolve`, with `sites` already resolved (a reload keeps the ones
+    /// the node started with, host names and all).
+    fn resolve_with(
+        self,
+        available_cores: usize,
+        sites: Option<Sites>,
+    ) -> Result<Resolved, String> {
         let (ip, shards) = self.check_engine(available_cores)?;
         self.check_limits()?;
         let cluster = self.resolve_cluster(ip)?;
         let instance_id = self.resolve_instance(&cluster)?;
         self.check_skew_rule(&cluster)?;
-        let st = &self.sites;
-        let sites = Sites::new(
-            &st.local_site,
-            &st.remote_site,
-            st.replicate_timers_across_sites,
-            self.http.bind_port,
-        )?;
-        if st.site_timeout_ms == 0 || st.site_deliver_within_ms < st.site_timeout_ms {
-            return Err("[sites] site_timeout_ms must be positive and site_deliver_within_ms at least as long".into());
-        }
+        let sites = match sites {
+            Some(sites) => sites,
+            None => self.resolve_sites()?,
+        };
         assert!(shards >= 1 && shards <= available_cores);
         Ok(Resolved {
             config: self,
@@ -530,7 +562,32 @@ impl Config {
             cluster,
             instance_id,
             sites,
+            source: Source::default(),
+            warnings: Vec::new(),
         })
+    }
+
+    /// `[sites]`: a section must name this site.
+    fn resolve_sites(&self) -> Result<Sites, String> {
+        let st = &self.sites;
+        let local = match (&st.local_site, st.given) {
+            (Some(name), _) => name.as_str(),
+            (None, false) => DEFAULT_SITE,
+            (None, true) => return Err("[sites] local_site is missing: a [sites] section must name this site (local_site = \"east\"), the name the other sites know it by in their remote_site".into()),
+        };
+        positive("sites", "site_timeout_ms", st.site_timeout_ms)?;
+        if st.site_deliver_within_ms < st.site_timeout_ms {
+            return Err(format!(
+                "[sites] site_deliver_within_ms = {} must be at least site_timeout_ms = {}",
+                st.site_deliver_within_ms, st.site_timeout_ms
+            ));
+        }
+        Sites::new(
+            local,
+            &st.remote_site,
+            st.replicate_timers_across_sites,
+            self.http.bind_port,
+        )
     }
 
     /// The bind IP and the shard count, or why not.
@@ -542,7 +599,7 @@ impl Config {
             )
         })?;
         if self.http.bind_port == 0 {
-            return Err("[http] bind-port must be 1..65535".into());
+            return Err("[http] bind-port = 0: must be 1..65535".into());
         }
         let shards = self.runtime.cores.unwrap_or(available_cores);
         if shards == 0 || shards > available_cores {
@@ -551,76 +608,19 @@ impl Config {
             ));
         }
         if let Some(cap) = self.runtime.mesh_channel_capacity {
-            if cap == 0 {
-                return Err("[runtime] mesh-channel-capacity must be positive".into());
-            }
+            positive("runtime", "mesh-channel-capacity", cap as u64)?;
         }
         check_log_filter(&self.log.level)?;
         Ok((ip, shards))
     }
 
-    /// Every bound and timeout positive (and the queue's own checks).
+    /// Every bound and timeout in range (and the queue's own checks).
     fn check_limits(&self) -> Result<(), String> {
-        let h = &self.http;
-        if h.header_timeout_ms == 0 || h.body_timeout_ms == 0 || h.idle_timeout_ms == 0 {
-            return Err(
-                "[http] header-timeout-ms, body-timeout-ms and idle-timeout-ms must be positive"
-                    .into(),
-            );
-        }
-        if h.write_timeout_ms == 0 {
-            return Err("[http] write-timeout-ms must be positive".into());
-        }
-        if h.connections_per_source_max == 0 {
-            return Err("[http] connections-per-source-max must be positive".into());
-        }
-        if h.connections_max == 0 || h.header_bytes_max < 512 || h.body_bytes_max == 0 {
-            return Err("[http] connections-max and body-bytes-max must be positive, header-bytes-max at least 512".into());
-        }
-        let t = &self.timers;
-        if t.callback_timeout_ms == 0 || t.callback_connect_timeout_ms == 0 {
-            return Err(
-                "[timers] callback-timeout-ms and callback-connect-timeout-ms must be positive"
-                    .into(),
-            );
-        }
-        if t.callback_in_flight_max == 0 || t.callback_connections_per_host_max == 0 {
-            return Err("[timers] callback-in-flight-max and callback-connections-per-host-max must be positive".into());
-        }
-        let share = t.callback_in_flight_per_target_max;
-        if share == 0 || share > t.callback_in_flight_max {
-            return Err(format!(
-                "[timers] callback-in-flight-per-target-max = {share} must be between 1 and callback-in-flight-max ({})",
-                t.callback_in_flight_max
-            ));
-        }
-        if t.default_replication_factor == 0 || t.timers_per_shard_max == 0 {
-            return Err(
-                "[timers] default-replication-factor and timers-per-shard-max must be positive"
-                    .into(),
-            );
-        }
-        if t.timers_per_shard_max > crate::wheel::ENTRIES_MAX {
-            return Err(format!(
-                "[timers] timers-per-shard-max must be at most {}",
-                crate::wheel::ENTRIES_MAX
-            ));
-        }
-        self.check_cluster_and_throttling()?;
-        if self.cluster.replication_deliver_within_ms < self.cluster.replication_timeout_ms {
-            return Err(
-                "[cluster] replication-deliver-within-ms must be at least replication-timeout-ms"
-                    .into(),
-            );
-        }
-        if self.cluster.replication_timeout_ms == 0
-            || self.cluster.replication_queue_max == 0
-            || self.cluster.replication_queue_bytes_max < 1024 * 1024
-        {
-            return Err(
-                "[cluster] replication-timeout-ms and replication-queue-max must be positive, replication-queue-bytes-max at least 1 MiB"
-                    .into(),
-            );
+        self.check_http()?;
+        self.check_timers()?;
+        self.check_cluster()?;
+        if let Some(th) = &self.throttling {
+            th.check()?;
         }
         match &self.queue {
             Some(q) => q.check(),
@@ -628,24 +628,98 @@ impl Config {
         }
     }
 
-    /// `[throttling]`, and `[cluster]`'s secret and resync keys.
-    fn check_cluster_and_throttling(&self) -> Result<(), String> {
-        let th = self.throttling.clone().unwrap_or_default();
-        let max_rate_ok = th.max_token_rate == 0 || th.max_token_rate >= th.min_token_rate;
-        if th.target_latency == 0 || th.max_tokens == 0 || th.min_token_rate == 0 || !max_rate_ok {
-            return Err("[throttling] target_latency, max_tokens and min_token_rate must be positive, max_token_rate 0 or at least min_token_rate".into());
+    fn check_http(&self) -> Result<(), String> {
+        let h = &self.http;
+        for (key, value) in [
+            ("header-timeout-ms", h.header_timeout_ms),
+            ("body-timeout-ms", h.body_timeout_ms),
+            ("idle-timeout-ms", h.idle_timeout_ms),
+            ("write-timeout-ms", h.write_timeout_ms),
+            ("connections-max", h.connections_max as u64),
+            (
+                "connections-per-source-max",
+                h.connections_per_source_max as u64,
+            ),
+            ("body-bytes-max", h.body_bytes_max as u64),
+        ] {
+            positive("http", key, value)?;
         }
+        if h.header_bytes_max < 512 {
+            return Err(format!(
+                "[http] header-bytes-max = {}: must be at least 512",
+                h.header_bytes_max
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_timers(&self) -> Result<(), String> {
+        let t = &self.timers;
+        for (key, value) in [
+            ("callback-timeout-ms", t.callback_timeout_ms),
+            ("callback-connect-timeout-ms", t.callback_connect_timeout_ms),
+            ("callback-in-flight-max", t.callback_in_flight_max as u64),
+            (
+                "callback-connections-per-host-max",
+                t.callback_connections_per_host_max as u64,
+            ),
+            (
+                "default-replication-factor",
+                u64::from(t.default_replication_factor),
+            ),
+            ("timers-per-shard-max", t.timers_per_shard_max as u64),
+        ] {
+            positive("timers", key, value)?;
+        }
+        let share = t.callback_in_flight_per_target_max;
+        if share == 0 || share > t.callback_in_flight_max {
+            return Err(format!(
+                "[timers] callback-in-flight-per-target-max = {share}: must be between 1 and callback-in-flight-max = {}",
+                t.callback_in_flight_max
+            ));
+        }
+        if t.timers_per_shard_max > crate::wheel::ENTRIES_MAX {
+            return Err(format!(
+                "[timers] timers-per-shard-max = {}: must be at most {}",
+                t.timers_per_shard_max,
+                crate::wheel::ENTRIES_MAX
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[cluster]`: replication and resync bounds, the secret.
+    fn check_cluster(&self) -> Result<(), String> {
         let c = &self.cluster;
+        for (key, value) in [
+            ("replication-timeout-ms", c.replication_timeout_ms),
+            ("replication-queue-max", c.replication_queue_max as u64),
+            ("resync-timeout-ms", c.resync_timeout_ms),
+        ] {
+            positive("cluster", key, value)?;
+        }
+        if c.replication_deliver_within_ms < c.replication_timeout_ms {
+            return Err(format!(
+                "[cluster] replication-deliver-within-ms = {}: must be at least replication-timeout-ms = {}",
+                c.replication_deliver_within_ms, c.replication_timeout_ms
+            ));
+        }
+        if c.replication_queue_bytes_max < 1024 * 1024 {
+            return Err(format!(
+                "[cluster] replication-queue-bytes-max = {}: must be at least 1 MiB (1048576)",
+                c.replication_queue_bytes_max
+            ));
+        }
+        if !(1..=10_000).contains(&c.resync_page_timers) {
+            return Err(format!(
+                "[cluster] resync-page-timers = {}: must be 1 to 10000",
+                c.resync_page_timers
+            ));
+        }
         if c.shared_secret.as_ref().is_some_and(|s| {
             !(16..=128).contains(&s.0.len()) || !s.0.bytes().all(|b| b.is_ascii_graphic())
         }) {
             return Err("[cluster] shared-secret must be 16 to 128 printable ASCII characters without spaces".into());
-        }
-        if !(1..=10_000).contains(&c.resync_page_timers) || c.resync_timeout_ms == 0 {
-            return Err(
-                "[cluster] resync-page-timers must be 1 to 10000 and resync-timeout-ms positive"
-                    .into(),
-            );
         }
         Ok(())
     }
@@ -924,13 +998,166 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let cli = Cli::parse(&args, |k| {
-            (k == "CHRONOS_BIND_PORT").then(|| "8000".to_string())
-        })
-        .unwrap();
+        let cli = Cli::parse_from(&args, vars(&[("CHRONOS_BIND_PORT", "8000")])).unwrap();
         let r = Config::load(&cli, 2).unwrap();
         assert_eq!(r.config.http.bind_port, 8001);
         assert_eq!(r.shards, 1);
-        assert!(Cli::parse(&["--what".to_string()], |_| None).is_err());
+        assert!(Cli::parse_from(&["--what".to_string()], vars(&[])).is_err());
+    }
+
+    fn vars(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn load_with(list: &[(&str, &str)]) -> Result<Resolved, String> {
+        Config::load(&Cli::parse_from(&[], vars(list))?, 2)
+    }
+
+    #[test]
+    fn every_key_has_a_variable_by_the_rule() {
+        let r = load_with(&[
+            ("CHRONOS_TIMERS_CALLBACK_TIMEOUT_MS", "1000"),
+            ("CHRONOS_HTTP_BIND_ADDRESS", "127.0.0.2"),
+            ("CHRONOS_HTTP_NET_RING", "false"),
+            (
+                "CHRONOS_CLUSTER_NODE",
+                "[\"127.0.0.2:7253\", \"127.0.0.3:7253\"]",
+            ),
+            ("CHRONOS_SITES_LOCAL_SITE", "east"),
+            ("CHRONOS_THROTTLING_MAX_TOKENS", "7"),
+            ("CHRONOS_IDENTITY_DEPLOYMENT_ID", "3"),
+            ("CHRONOS_LOG_LEVEL", "warn"),
+            ("CHRONOS_RUNTIME_CORES", "1"),
+        ])
+        .unwrap();
+        let c = &r.config;
+        assert_eq!(c.timers.callback_timeout_ms, 1000);
+        assert_eq!(c.http.bind_address, "127.0.0.2");
+        assert!(!c.http.net_ring);
+        assert_eq!(r.cluster.nodes.len(), 2);
+        assert_eq!(r.sites.local, "east");
+        assert_eq!(c.throttling.as_ref().map(|t| t.max_tokens), Some(7));
+        assert_eq!(c.identity.deployment_id, 3);
+        assert_eq!((c.log.level.as_str(), r.shards), ("warn", 1));
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        // The queue's keys together make the section.
+        let q = load_with(&[
+            ("CHRONOS_QUEUE_KAFKA_BROKERS", "127.0.0.1:9092"),
+            ("CHRONOS_QUEUE_INPUT_TOPIC", "123"),
+            ("CHRONOS_QUEUE_OUTPUT_TOPIC", "out"),
+            ("CHRONOS_QUEUE_POSTGRES_URL", "postgres://u@h:5432/d"),
+        ])
+        .unwrap();
+        assert_eq!(q.config.queue.unwrap().input_topic, "123");
+    }
+
+    #[test]
+    fn a_bad_variable_is_refused_by_its_name_and_value() {
+        for (name, value, wanted) in [
+            ("CHRONOS_BIND_PORT", "abc", "CHRONOS_BIND_PORT = \"abc\": [http] bind-port"),
+            ("CHRONOS_HTTP_BIND_PORT", "70000", "CHRONOS_HTTP_BIND_PORT = \"70000\""),
+            ("CHRONOS_HTTP_NET_RING", "maybe", "CHRONOS_HTTP_NET_RING"),
+            (
+                "CHRONOS_TIMERS_CALLBACK_TIMEOUT_MS",
+                "0",
+                "[timers] callback-timeout-ms = 0: must be positive (set by CHRONOS_TIMERS_CALLBACK_TIMEOUT_MS = 0)",
+            ),
+            ("CHRONOS_LOG_LEVEL", "verbose", "(set by CHRONOS_LOG_LEVEL = \"verbose\")"),
+        ] {
+            let e = load_with(&[(name, value)]).unwrap_err();
+            assert!(e.contains(wanted) && !e.contains("--"), "{name}={value}: {e}");
+        }
+        let e =
+            load_with(&[("CHRONOS_BIND_PORT", "1"), ("CHRONOS_HTTP_BIND_PORT", "2")]).unwrap_err();
+        assert!(e.contains("both set [http] bind-port"), "{e}");
+        let args = ["--bind-port".to_string(), "x".to_string()];
+        let e = Config::load(&Cli::parse_from(&args, vars(&[])).unwrap(), 2).unwrap_err();
+        assert!(
+            e.starts_with("--bind-port = \"x\": [http] bind-port"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_secret_set_by_a_variable_never_shows() {
+        let e = load_with(&[("CHRONOS_CLUSTER_SHARED_SECRET", "short-one")]).unwrap_err();
+        assert!(
+            e.contains("[cluster] shared-secret") && e.contains("<redacted>"),
+            "{e}"
+        );
+        assert!(!e.contains("short-one"), "{e}");
+        let secret = "a-long-enough-secret-value";
+        let r = load_with(&[("CHRONOS_CLUSTER_SHARED_SECRET", secret)]).unwrap();
+        assert_eq!(r.config.cluster.shared_secret, Some(Secret::new(secret)));
+        let cli = Cli::parse_from(&[], vars(&[("CHRONOS_CLUSTER_SHARED_SECRET", secret)]));
+        for shown in [format!("{r:?}"), format!("{cli:?}")] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_variable_is_a_warning() {
+        let r = load_with(&[
+            ("CHRONOS_TIMERS_CALLBACK_TIMEOUT", "5"),
+            ("CHRONOS_BOGUS", "1"),
+            ("CHRONOS_CONFIG_FILE", "x"),
+            ("OTHER_VARIABLE", "1"),
+        ])
+        .unwrap();
+        let w = r.warnings.join("\n");
+        assert_eq!(r.warnings.len(), 3, "{w}");
+        assert!(w.contains("CHRONOS_TIMERS_CALLBACK_TIMEOUT is not a setting: [timers] has no key \"callback-timeout\""), "{w}");
+        assert!(
+            w.contains("CHRONOS_BOGUS is not a setting: no section \"bogus\""),
+            "{w}"
+        );
+        assert_eq!(r.config.timers.callback_timeout_ms, 1500);
+    }
+
+    #[test]
+    fn validation_names_the_key_and_the_value() {
+        for (text, wanted) in [
+            ("[throttling]\ninitial_token_rate = 0", "[throttling] initial_token_rate = 0: must be positive"),
+            ("[throttling]\nmax_tokens = 0", "[throttling] max_tokens = 0: must be positive"),
+            ("[throttling]\nmin_token_rate = 20\nmax_token_rate = 10", "[throttling] max_token_rate = 10 is below min_token_rate = 20"),
+            ("[timers]\ndefault-replication-factor = 0", "[timers] default-replication-factor = 0: must be positive"),
+            ("[timers]\ntimers-per-shard-max = 0", "[timers] timers-per-shard-max = 0: must be positive"),
+            ("[http]\nheader-bytes-max = 100", "[http] header-bytes-max = 100: must be at least 512"),
+            ("[http]\nidle-timeout-ms = 0", "[http] idle-timeout-ms = 0"),
+            ("[cluster]\nreplication-queue-bytes-max = 5", "[cluster] replication-queue-bytes-max = 5"),
+            ("[cluster]\nresync-page-timers = 0", "[cluster] resync-page-timers = 0"),
+            ("[cluster]\nreplication-deliver-within-ms = 10", "[cluster] replication-deliver-within-ms = 10: must be at least replication-timeout-ms = 2000"),
+            ("[sites]\nlocal_site = \"a\"\nsite_timeout_ms = 0", "[sites] site_timeout_ms = 0"),
+        ] {
+            let e = Config::from_toml(text).and_then(|c| c.resolve(2)).unwrap_err();
+            assert!(e.contains(wanted), "{text:?} gave {e:?}");
+            // One key per message: no other key of the section is named.
+            assert!(!e.contains(" and "), "{text:?} gave {e:?}");
+        }
+        let e = Config::from_toml("[runtime]\ncores = 9").and_then(|c| c.resolve(2));
+        let e = e.unwrap_err();
+        assert!(
+            e.contains("[runtime] cores = 9: must be between 1 and the 2 available cores"),
+            "{e}"
+        );
+        let ok = "[throttling]\ninitial_token_rate = 1\nmin_token_rate = 1";
+        assert!(Config::from_toml(ok).unwrap().resolve(2).is_ok());
+    }
+
+    #[test]
+    fn a_sites_section_must_name_the_local_site() {
+        let e = Config::from_toml("[sites]\nremote_site = [\"b=10.0.0.2\"]")
+            .and_then(|c| c.resolve(2))
+            .unwrap_err();
+        assert!(e.contains("[sites] local_site is missing"), "{e}");
+        let r = Config::default().resolve(2).unwrap();
+        assert_eq!(r.sites.local, DEFAULT_SITE);
+        let r = Config::from_toml("[sites]\nlocal_site = \"east\"")
+            .unwrap()
+            .resolve(2)
+            .unwrap();
+        assert_eq!(r.sites.local, "east");
     }
 }

@@ -37,8 +37,7 @@ fn main() -> ExitCode {
         return fail("chronos", &e, 2);
     }
     log_resolved(&cli, &resolved);
-    let reload: chronos::node::Reload = Box::new(move || Config::load(&cli, available));
-    match chronos::node::run(resolved, reload) {
+    match chronos::node::run(resolved) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Once: in the log if it shows errors, else on stderr.

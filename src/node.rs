@@ -17,9 +17,8 @@
 //! mesh senders close.
 
 use crate::api::{Api, ReadyCheck};
-use crate::cluster::sites::Sites;
 use crate::cluster::Cluster;
-use crate::config::Resolved;
+use crate::config::{Config, Resolved};
 use crate::http::server::{Limits, Server};
 use crate::queue::{QueueShard, QueueShared};
 use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
@@ -35,9 +34,6 @@ use std::time::Duration;
 /// Reloaded clusters waiting per shard (SIGHUP); beyond it a reload is
 /// dropped for that shard and logged.
 const RELOADS_QUEUED_MAX: usize = 4;
-
-/// Re-reads and validates the configuration (SIGHUP).
-pub type Reload = Box<dyn Fn() -> Result<Resolved, String> + Send>;
 
 /// What every shard of the node shares.
 struct NodeShared {
@@ -58,9 +54,12 @@ struct Reloaded {
 }
 
 /// Run a node until shutdown.
-pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
+pub fn run(resolved: Resolved) -> Result<(), String> {
     let shards = resolved.shards;
     assert!(shards > 0, "a node has shards");
+    for warning in &resolved.warnings {
+        tracing::warn!(target: "chronos::config", "{warning}");
+    }
     let stats: Arc<[ShardStats]> = (0..shards).map(|_| ShardStats::default()).collect();
     let http = &resolved.config.http;
     let engine = EngineConfig {
@@ -81,8 +80,8 @@ pub fn run(resolved: Resolved, reload: Reload) -> Result<(), String> {
         instance_id: resolved.instance_id,
     };
     let (resync_tx, resyncs) = async_channel::bounded::<()>(RELOADS_QUEUED_MAX);
-    let sites = resolved.sites.clone();
-    let hook = signal_hook(reload, current, sites, reload_tx, resync_tx);
+    let start = Arc::new(resolved.clone());
+    let hook = signal_hook(start, current, reload_tx, resync_tx);
     let queue = match &resolved.config.queue {
         Some(q) => Some(QueueShared::start(q, shards)?),
         None => None,
@@ -226,15 +225,16 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
     }
 }
 
-/// SIGHUP (`service chronos reload`) re-reads the configuration through
-/// `reload`; a valid one's cluster (`node`, `joining`, `leaving`) is handed
-/// to every shard over its bounded reload channel. Other settings need a
-/// restart. SIGUSR1 (`service chronos resync`) asks shard 0 for an active
+/// SIGHUP (`service chronos reload`) re-reads the file the node started
+/// from (`Config::reload`): a valid one's cluster (`node`, `joining`,
+/// `leaving`) and identity are handed to every shard over its bounded
+/// reload channel. Other settings take a restart: the ones the file
+/// changes are logged by key, and a file the next start would refuse is
+/// reported. SIGUSR1 (`service chronos resync`) asks shard 0 for an active
 /// resynchronisation (seed 003).
 fn signal_hook(
-    reload: Reload,
+    start: Arc<Resolved>,
     mut current: Reloaded,
-    sites: Sites,
     shards: Vec<async_channel::Sender<Arc<Reloaded>>>,
     resync: async_channel::Sender<()>,
 ) -> SignalHook {
@@ -249,20 +249,8 @@ fn signal_hook(
             return;
         }
         assert_eq!(signal, SIGHUP, "the engine hands over SIGHUP and SIGUSR1");
-        let next = match reload() {
-            Err(e) => {
-                tracing::error!(target: "chronos::node", "SIGHUP: the configuration is invalid, keeping the current one: {e}");
-                return;
-            }
-            Ok(next) => {
-                if next.sites != sites {
-                    tracing::warn!(target: "chronos::node", "SIGHUP: [sites] changed; it takes a restart, the sites the node started with stay until then");
-                }
-                Reloaded {
-                    cluster: next.cluster,
-                    instance_id: next.instance_id,
-                }
-            }
+        let Some(next) = reread(&start) else {
+            return;
         };
         let (was, now) = (&current.cluster, &next.cluster);
         if now.local_address != was.local_address {
@@ -278,7 +266,7 @@ fn signal_hook(
             leaving = ?now.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
             cluster_view_id = %now.view_id,
             instance_id = next.instance_id,
-            "SIGHUP: cluster reloaded (settings outside [cluster] and [identity] take a restart)"
+            "SIGHUP: cluster reloaded (only [cluster] node, joining, leaving and [identity] are applied; other settings take a restart)"
         );
         let shared = Arc::new(Reloaded {
             cluster: next.cluster.clone(),
@@ -290,5 +278,27 @@ fn signal_hook(
             }
         }
         current = next;
+    })
+}
+
+/// Re-read the configuration for a SIGHUP, logging what it does not
+/// apply; `None` (logged) when it cannot be taken.
+fn reread(start: &Resolved) -> Option<Reloaded> {
+    let next = match Config::reload(start) {
+        Ok(next) => next,
+        Err(e) => {
+            tracing::error!(target: "chronos::node", "SIGHUP: the configuration is invalid, keeping the current one: {e}");
+            return None;
+        }
+    };
+    if !next.not_applied.is_empty() {
+        tracing::warn!(target: "chronos::node", "SIGHUP: not applied, these take a restart: {}", next.not_applied.join("; "));
+    }
+    if let Some(e) = &next.refused_at_start {
+        tracing::warn!(target: "chronos::node", "SIGHUP: the file as it stands would be refused at the next start (the running settings stay until then): {e}");
+    }
+    Some(Reloaded {
+        cluster: next.resolved.cluster,
+        instance_id: next.resolved.instance_id,
     })
 }

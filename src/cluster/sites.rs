@@ -42,8 +42,9 @@ pub struct Sites {
 }
 
 impl Sites {
-    /// Resolve `[sites]`: `remote` entries are `name=ip:port` or `name=ip`
-    /// (then `default_port`). `Err` names the bad entry.
+    /// Resolve `[sites]`: `remote` entries are `name=host:port` or
+    /// `name=host` (then `default_port`), the host an IP address or a DNS
+    /// name (resolved here, once). `Err` names the key and the bad entry.
     pub fn new(
         local: &str,
         remote: &[String],
@@ -56,7 +57,11 @@ impl Sites {
             ));
         }
         if remote.len() + 1 > SITES_MAX {
-            return Err(format!("[sites] at most {} remote sites", SITES_MAX - 1));
+            return Err(format!(
+                "[sites] remote_site lists {} sites: at most {}",
+                remote.len(),
+                SITES_MAX - 1
+            ));
         }
         let mut sites = Sites {
             local: local.to_string(),
@@ -66,7 +71,10 @@ impl Sites {
         for entry in remote {
             let site = parse_remote(entry, default_port)?;
             if site.name == sites.local || sites.remote.iter().any(|r| r.name == site.name) {
-                return Err(format!("[sites] site {:?} is listed twice", site.name));
+                return Err(format!(
+                    "[sites] remote_site {entry:?}: site {:?} is listed twice (or is local_site)",
+                    site.name
+                ));
             }
             sites.remote.push(site);
         }
@@ -238,9 +246,13 @@ mod tests {
             "x=no-such-host.invalid",
             "x=1.2.3.4:99999",
         ] {
+            let e = Sites::new("a", &[bad.to_string()], true, 1).unwrap_err();
+            // The form it names is the one accepted: a host, not only an IP.
             assert!(
-                Sites::new("a", &[bad.to_string()], true, 1).is_err(),
-                "{bad}"
+                e.contains(&format!("[sites] remote_site {bad:?}"))
+                    && e.contains("\"name=host:port\" or \"name=host\"")
+                    && e.contains("DNS name"),
+                "{e}"
             );
         }
         assert!(

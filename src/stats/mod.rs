@@ -234,11 +234,11 @@ fn site_metrics(out: &mut String, shards: &[ShardStats], sites: &[String]) {
     }
 }
 
-/// The token buckets' rate and tokens, summed over the shards.
+/// The token buckets' rate and tokens, per node: summed over the shards.
 fn throttle_gauges(out: &mut String, shards: &[ShardStats]) {
     let rate: i64 = shards.iter().map(|s| s.throttle_rate.load(Relaxed)).sum();
     let tokens: i64 = shards.iter().map(|s| s.throttle_tokens.load(Relaxed)).sum();
-    let _ = writeln!(out, "# HELP chronos_throttle_rate Client requests per second the token buckets admit (all shards).\n# TYPE chronos_throttle_rate gauge\nchronos_throttle_rate {rate}\n# HELP chronos_throttle_tokens Tokens in the buckets now.\n# TYPE chronos_throttle_tokens gauge\nchronos_throttle_tokens {tokens}");
+    let _ = writeln!(out, "# HELP chronos_throttle_rate Client requests per second this node admits ([throttling]): the sum over its shards of their token buckets' rates (per shard: an even share of the configured rate, at least 1/s, so a configured rate below the shard count shows as the shard count); rounded down.\n# TYPE chronos_throttle_rate gauge\nchronos_throttle_rate {rate}\n# HELP chronos_throttle_tokens Tokens in this node's buckets now (the sum over its shards).\n# TYPE chronos_throttle_tokens gauge\nchronos_throttle_tokens {tokens}");
 }
 
 pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], out: &mut String) {
