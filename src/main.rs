@@ -15,6 +15,12 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("resync") {
         return resync_command(&args[1..]);
     }
+    if let Some(name) = non_utf8_setting() {
+        // Read as absent, it would start the node without it (a shared
+        // secret, say): refused, naming the variable, never its value.
+        let why = format!("environment variable {name} is not valid UTF-8");
+        return fail("chronos", &why, 2);
+    }
     let cli = match Cli::parse(&args, |k| std::env::var(k).ok()) {
         Ok(cli) => cli,
         Err(e) => return fail("chronos", &e, 2),
@@ -257,6 +263,10 @@ fn resync_command(args: &[String]) -> ExitCode {
 
 /// The `[cluster] shared-secret` of the config file at `path`, if any.
 fn secret_of(path: Option<&str>) -> Result<Option<chronos::config::Secret>, String> {
+    // The variable wins over the file, as it does for the node.
+    if let Ok(text) = std::env::var("CHRONOS_CLUSTER_SHARED_SECRET") {
+        return Ok(Some(chronos::config::Secret::new(&text)));
+    }
     let Some(path) = path else {
         return Ok(None);
     };
@@ -423,4 +433,12 @@ fn admin_request(admin: &Admin, method: &str, path: &str) -> Result<(u16, String
         .and_then(|s| s.parse().ok())
         .ok_or("no status line")?;
     Ok((status, body.to_string()))
+}
+
+/// The name of a `CHRONOS_*` variable whose value is not valid UTF-8.
+fn non_utf8_setting() -> Option<String> {
+    std::env::vars_os().find_map(|(k, v)| {
+        let k = k.to_str()?;
+        (k.starts_with("CHRONOS_") && v.to_str().is_none()).then(|| k.to_string())
+    })
 }

@@ -266,3 +266,25 @@ fn sighup_applies_the_cluster_beside_a_timers_change_it_does_not_apply() {
     let cluster = node.request("GET", "/cluster", "").text();
     assert!(cluster.contains(&other), "{cluster}");
 }
+
+/// A `CHRONOS_*` value that is not UTF-8 was read as absent: a secret
+/// given that way left every route open. Refused, naming the variable and
+/// never the value.
+#[test]
+fn a_non_utf8_setting_is_refused_naming_the_variable() {
+    use std::os::unix::ffi::OsStrExt;
+    let value = std::ffi::OsStr::from_bytes(b"secret-\xff-0123456789abcdef");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_chronos"))
+        .args(["--bind-port", &free_port().to_string()])
+        .env("CHRONOS_CLUSTER_SHARED_SECRET", value)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("CHRONOS_CLUSTER_SHARED_SECRET"), "{err}");
+    assert!(
+        !err.contains("0123456789abcdef"),
+        "the value is never shown: {err}"
+    );
+}

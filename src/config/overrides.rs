@@ -321,9 +321,14 @@ pub fn apply(
     Ok((applied, warnings))
 }
 
-/// A value as messages show it: never the shared secret.
+/// Keys whose values are credentials: never shown in a message (the
+/// shared secret, Postgres's URL with its password, and the Kafka client
+/// property maps, which may hold `sasl.password`).
+const SENSITIVE_KEYS: [&str; 4] = ["shared-secret", "postgres-url", "consumer", "producer"];
+
+/// A value as messages show it: never a credential.
 fn shown(key: &str, value: &str) -> String {
-    if key == "shared-secret" {
+    if SENSITIVE_KEYS.contains(&key) {
         "<redacted>".into()
     } else {
         value.to_string()
@@ -341,5 +346,18 @@ pub fn annotate(message: String, applied: &[Applied]) -> String {
         message
     } else {
         format!("{message} (set by {})", from.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::shown;
+
+    #[test]
+    fn credentials_are_never_shown() {
+        for key in ["shared-secret", "postgres-url", "consumer", "producer"] {
+            assert_eq!(shown(key, "postgres://u:pw@h/db"), "<redacted>", "{key}");
+        }
+        assert_eq!(shown("bind-port", "7253"), "7253");
     }
 }
