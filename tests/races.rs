@@ -135,15 +135,7 @@ fn hanging_targets_do_not_delay_other_targets_pops() {
     }
     let pops = healthy.wait_for(200, Duration::from_secs(30));
     assert_eq!(pops.len(), 200, "every healthy timer pops");
-    let mut late: Vec<Duration> = pops
-        .iter()
-        .map(|p| {
-            let i: usize = p.path.rsplit('/').next().unwrap().parse().unwrap();
-            p.at.saturating_duration_since(due[i])
-        })
-        .collect();
-    late.sort();
-    let p99 = late[late.len() * 99 / 100 - 1];
+    let p99 = p99_late(&pops, &due);
     assert!(
         p99 < Duration::from_millis(1000),
         "healthy pops p99 {p99:?} late behind hanging targets"

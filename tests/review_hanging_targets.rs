@@ -59,15 +59,7 @@ fn healthy_p99_behind(targets: usize, timers: usize) -> Duration {
     }
     let pops = healthy.wait_for(200, Duration::from_secs(60));
     assert_eq!(pops.len(), 200, "every healthy timer pops");
-    let mut late: Vec<Duration> = pops
-        .iter()
-        .map(|p| {
-            let i: usize = p.path.rsplit('/').next().unwrap().parse().unwrap();
-            p.at.saturating_duration_since(due[i])
-        })
-        .collect();
-    late.sort();
-    late[late.len() * 99 / 100 - 1]
+    p99_late(&pops, &due)
 }
 
 /// 10 hanging targets, 800 timers each.

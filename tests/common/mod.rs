@@ -667,3 +667,17 @@ pub fn read_request(reader: &mut impl BufRead) -> Option<ReadRequest> {
     reader.read_exact(&mut body).ok()?;
     Some((path, headers, body))
 }
+
+/// The p99 lateness of `pops`, each path ending in `/<i>` and due at
+/// `due[i]`.
+pub fn p99_late(pops: &[Pop], due: &[Instant]) -> Duration {
+    let mut late: Vec<Duration> = pops
+        .iter()
+        .map(|p| {
+            let i: usize = p.path.rsplit('/').next().unwrap().parse().unwrap();
+            p.at.saturating_duration_since(due[i])
+        })
+        .collect();
+    late.sort();
+    late[late.len() * 99 / 100 - 1]
+}

@@ -139,34 +139,24 @@ pub fn producer(brokers: &str) -> BaseProducer {
 
 /// Produce and wait until the broker acknowledged everything.
 pub fn produce(p: &BaseProducer, topic: &str, messages: &[Input<'_>]) {
-    for m in messages {
-        let mut headers = OwnedHeaders::new();
-        for (k, v) in &m.headers {
-            headers = headers.insert(Header {
-                key: k,
-                value: Some(v.as_bytes()),
-            });
-        }
-        let mut r = BaseRecord::<str, [u8]>::to(topic)
-            .payload(m.value)
-            .headers(headers);
-        if let Some(k) = m.key {
-            r = r.key(k);
-        }
-        let mut r = Some(r);
-        while let Some(rec) = r.take() {
-            if let Err((_, rec)) = p.send(rec) {
-                p.poll(Duration::from_millis(10));
-                r = Some(rec);
-            }
-        }
-    }
-    p.flush(Duration::from_secs(20)).expect("flush");
+    produce_into(p, topic, None, messages, Duration::from_secs(20));
 }
 
 /// Produce to one `partition` (not by key) and wait until the broker
 /// acknowledged everything.
 pub fn produce_to(p: &BaseProducer, topic: &str, partition: i32, messages: &[Input<'_>]) {
+    produce_into(p, topic, Some(partition), messages, Duration::from_secs(30));
+}
+
+/// Produce `messages` (to `partition`, or by key), then flush within
+/// `flush_within`.
+fn produce_into(
+    p: &BaseProducer,
+    topic: &str,
+    partition: Option<i32>,
+    messages: &[Input<'_>],
+    flush_within: Duration,
+) {
     for m in messages {
         let mut headers = OwnedHeaders::new();
         for (k, v) in &m.headers {
@@ -176,9 +166,11 @@ pub fn produce_to(p: &BaseProducer, topic: &str, partition: i32, messages: &[Inp
             });
         }
         let mut r = BaseRecord::<str, [u8]>::to(topic)
-            .partition(partition)
             .payload(m.value)
             .headers(headers);
+        if let Some(partition) = partition {
+            r = r.partition(partition);
+        }
         if let Some(k) = m.key {
             r = r.key(k);
         }
@@ -190,7 +182,7 @@ pub fn produce_to(p: &BaseProducer, topic: &str, partition: i32, messages: &[Inp
             }
         }
     }
-    p.flush(Duration::from_secs(30)).expect("flush");
+    p.flush(flush_within).expect("flush");
 }
 
 /// The offsets `group` committed on `topic`'s partitions `0..partitions`
