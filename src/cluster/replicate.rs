@@ -468,17 +468,17 @@ impl Replicator {
     }
 
     /// Queue a replication `PUT /timers/<id>` to `peer`. Never waits: a
-    /// full queue drops the message (counted); `false` then.
-    pub fn send(&self, peer: usize, id: TimerId, body: &Body<'_>) -> bool {
+    /// full queue drops the message (counted).
+    pub fn send(&self, peer: usize, id: TimerId, body: &Body<'_>) {
         let peers = self.peers.borrow();
         let Some(p) = peers.get(peer) else {
             // Not a peer of the current view (a reload raced the caller).
             count(self.stats(), None, Count::Dropped, 1);
-            return false;
+            return;
         };
         if p.queued.get() >= self.config.queue_max {
             count(self.stats(), Some(p), Count::Dropped, 1);
-            return false;
+            return;
         }
         let mut scratch = self.scratch.borrow_mut();
         scratch.clear();
@@ -489,7 +489,7 @@ impl Replicator {
         let bytes = scratch.len() + self.head_allowance(p);
         if p.queued_bytes.get() + bytes > self.config.queue_bytes_max {
             count(self.stats(), Some(p), Count::Dropped, 1);
-            return false;
+            return;
         }
         count(self.stats(), Some(p), Count::Enqueued, 1);
         let message = Message {
@@ -507,7 +507,6 @@ impl Replicator {
             p.running.set(true);
         }
         p.wake.notify();
-        true
     }
 
     /// Append one request (head, then `body`) to `p`'s last segment, or a
