@@ -40,6 +40,29 @@ impl Node {
 
     /// Start inside network namespace `netns` (`ip netns exec`), if given.
     pub fn start_in(netns: Option<&str>, ip: &str, port: u16, config: &str) -> Node {
+        let mut node = Self::spawn_in(netns, ip, port, config, &[]);
+        node.wait_ready();
+        node
+    }
+
+    /// As `start_at`, with extra environment variables (a fault hook).
+    pub fn start_env(ip: &str, port: u16, config: &str, env: &[(&str, &str)]) -> Node {
+        let mut node = Self::spawn_in(None, ip, port, config, env);
+        node.wait_ready();
+        node
+    }
+
+    /// Start the process and return at once, without waiting for it to
+    /// answer (for a start that is expected to fail: `wait_exit`). The
+    /// same `ip` and `port` reuse the same config file and log file (the
+    /// log is truncated), so a second start with one config is a restart.
+    pub fn spawn_in(
+        netns: Option<&str>,
+        ip: &str,
+        port: u16,
+        config: &str,
+        env: &[(&str, &str)],
+    ) -> Node {
         let dir =
             std::env::temp_dir().join(format!("chronos-test-{}-{ip}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -59,20 +82,20 @@ impl Node {
             .arg(&config_path)
             .args(["--bind-address", ip, "--bind-port", &port.to_string()])
             .env("CHRONOS_LOG_LEVEL", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start chronos");
-        let node = Node {
+        Node {
             child,
             addr: format!("{ip}:{port}").parse().unwrap(),
             log,
-        };
-        node.wait_ready();
-        node
+        }
     }
 
-    fn wait_ready(&self) {
+    /// Wait until the node answers `/ping`; fail at once if it exits.
+    pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(r) = try_request(self.addr, "GET", "/ping", &[], b"") {
@@ -80,9 +103,42 @@ impl Node {
                     return;
                 }
             }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "chronos exited ({status}) at start; log:\n{}",
+                    self.log_text()
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         panic!("chronos did not answer /ping; log:\n{}", self.log_text());
+    }
+
+    /// Wait until `GET /ready` answers 200, and return when it did; fail
+    /// after `timeout` with its last answer.
+    pub fn wait_ready_200(&self, timeout: Duration) -> Instant {
+        wait_until("/ready to answer 200", timeout, || {
+            match try_request(self.addr, "GET", "/ready", &[], b"") {
+                Ok(r) if r.status == 200 => Ok(Instant::now()),
+                Ok(r) => Err(format!("{} {}", r.status, r.text())),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+
+    /// Wait until the process exits by itself; its status, or `None` if it
+    /// still runs after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The config file the node was started with (rewrite it, then SIGHUP).
