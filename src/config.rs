@@ -292,6 +292,7 @@ impl Default for LogConfig {
 }
 
 pub use crate::queue::QueueConfig;
+pub use crate::storage::StorageConfig;
 
 /// The level names a log filter directive may use.
 pub const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
@@ -331,6 +332,8 @@ pub struct Config {
     pub timers: TimersConfig,
     pub log: LogConfig,
     pub queue: Option<QueueConfig>,
+    /// `[storage]`: the durable timer log (`path` turns it on).
+    pub storage: StorageConfig,
     pub sites: SitesConfig,
     /// Present: client requests are admitted by the token bucket.
     pub throttling: Option<ThrottlingConfig>,
@@ -622,6 +625,7 @@ impl Config {
         if let Some(th) = &self.throttling {
             th.check()?;
         }
+        self.storage.check()?;
         match &self.queue {
             Some(q) => q.check(),
             None => Ok(()),

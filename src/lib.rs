@@ -29,5 +29,6 @@ pub mod queue;
 pub mod runtime;
 pub mod shard;
 pub mod stats;
+pub mod storage;
 pub mod timer;
 pub mod wheel;

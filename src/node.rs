@@ -24,8 +24,10 @@ use crate::queue::{QueueShard, QueueShared};
 use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
 use crate::runtime::{EngineConfig, ShardCtx, SignalHook, DRAIN_TIMEOUT, SIGHUP, SIGUSR1};
 use crate::shard::rebalance::resync_loop;
-use crate::shard::{pop_loop, MeshMsg, Reply, Shard};
+use crate::shard::{durable, pop_loop, MeshMsg, Reply, Shard};
 use crate::stats::ShardStats;
+use crate::storage::{self, Recovered};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -44,6 +46,11 @@ struct NodeShared {
     reloads: Vec<async_channel::Receiver<Arc<Reloaded>>>,
     /// Shard 0's end of the resync channel (SIGUSR1).
     resyncs: async_channel::Receiver<()>,
+    /// `[storage]`: each shard's directory and what was read from it
+    /// (taken once by the shard).
+    recovered: Vec<std::sync::Mutex<Option<(PathBuf, Recovered)>>>,
+    /// Keeps the storage directory locked for the process's life.
+    _layout: Option<storage::Layout>,
 }
 
 /// What a reload hands every shard: the new cluster and this node's
@@ -86,14 +93,60 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
         Some(q) => Some(QueueShared::start(q, shards)?),
         None => None,
     };
+    let (layout, recovered) = read_storage(&resolved)?;
+    if layout.is_some() {
+        // Before any shard serves: no shard takes a change while another
+        // is still replaying.
+        for s in stats.iter() {
+            s.recovering.store(true, Ordering::Relaxed);
+        }
+    }
     let node = Arc::new(NodeShared {
         resolved: Arc::new(resolved),
         stats,
         queue,
         reloads,
         resyncs,
+        recovered,
+        _layout: layout,
     });
     crate::runtime::run(&engine, hook, move |ctx| shard_main(ctx, node.clone()))
+}
+
+/// What every shard's log directory holds, read in parallel (one thread
+/// per shard) before the engine starts: a corrupt log stops the start here,
+/// naming the file and offset.
+type Storage = (
+    Option<storage::Layout>,
+    Vec<std::sync::Mutex<Option<(PathBuf, Recovered)>>>,
+);
+
+fn read_storage(resolved: &Resolved) -> Result<Storage, String> {
+    let cfg = &resolved.config.storage;
+    if !cfg.enabled() {
+        let none = (0..resolved.shards).map(|_| std::sync::Mutex::new(None));
+        return Ok((None, none.collect()));
+    }
+    let layout = storage::prepare(cfg, resolved.shards)?;
+    let read: Vec<Result<Recovered, String>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = layout
+            .shard_dirs
+            .iter()
+            .map(|dir| scope.spawn(move || storage::read::recover(dir, cfg.on_corruption)))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err("a recovery thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut recovered = Vec::with_capacity(read.len());
+    for (dir, r) in layout.shard_dirs.iter().zip(read) {
+        recovered.push(std::sync::Mutex::new(Some((dir.clone(), r?))));
+    }
+    Ok((Some(layout), recovered))
 }
 
 /// One shard's body: build it, start its tasks, serve HTTP until shutdown.
@@ -118,7 +171,23 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         let shard = shard.clone();
         mesh::serve(receivers, move |msg| on_mesh(&shard, msg));
     }
-    gate.spawn(pop_loop(shard.clone()));
+    let taken = node.recovered[index].lock().map(|mut r| r.take());
+    match taken.ok().flatten() {
+        Some((dir, recovered)) => {
+            // The server answers (`/ready`: recovering) while the store is
+            // rebuilt; the pop loop starts once it is.
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                durable::recover(&shard, dir, recovered).await;
+                shard.my_stats().recovering.store(false, Ordering::Relaxed);
+                shard.gate.spawn(pop_loop(shard.clone()));
+            })
+            .detach();
+        }
+        None => {
+            gate.spawn(pop_loop(shard.clone()));
+        }
+    }
     gate.spawn(take_reloads(shard.clone(), node.reloads[index].clone()));
     if index == 0 {
         start_resync(&shard, node.resyncs.clone());
@@ -149,6 +218,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
     if !gate.close_and_wait(DRAIN_TIMEOUT).await {
         tracing::warn!(target: "chronos::node", "shard {index}: {} task(s) still running at exit", gate.passes());
     }
+    durable::close(&shard, DRAIN_TIMEOUT).await;
     shard.mesh.close();
     Ok(())
 }
@@ -199,11 +269,20 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
             from_client,
             reply,
         } => {
-            let _ = reply.send(Reply::Applied(shard.apply(
-                head,
-                spec.as_deref(),
-                from_client,
-            )));
+            let applied = shard.apply(head, spec.as_deref(), from_client);
+            match shard.log() {
+                // With a log, the answer waits until the change is durable.
+                Some(_) if applied.is_ok() => {
+                    let shard = shard.clone();
+                    glommio::spawn_local(async move {
+                        let _ = reply.send(Reply::Applied(shard.settle().await));
+                    })
+                    .detach();
+                }
+                _ => {
+                    let _ = reply.send(Reply::Applied(applied));
+                }
+            }
         }
         MeshMsg::Resync { query, reply } => {
             // Building a session scans in slices and yields: its own task.

@@ -156,12 +156,20 @@ fn json(out: &mut Vec<u8>, status: u16, body: &str, close: bool) -> u16 {
 /// `/timers`: `POST` creates; `GET` is a resync page.
 async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
     let shard = &api.shard;
+    if req.method == Method::Get && shard.recovering() {
+        return error(
+            out,
+            503,
+            "recovering: the node is replaying its timer log; retry shortly",
+            close,
+        );
+    }
     match req.method {
         Method::Post if !shard.admit_client() => overloaded(out, close),
         Method::Post => match spec::parse(req.body, uri::check) {
             Ok(s) => {
                 let started = Instant::now();
-                let result = shard.create(&s);
+                let result = create_durable(shard, &s).await;
                 shard.record_latency(started.elapsed().as_micros() as u64);
                 timer_result(out, result, close)
             }
@@ -188,10 +196,21 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
     }
 }
 
+/// `POST /timers` with `[storage]`: answered once the timer is durable.
+async fn create_durable(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<TimerId, OpError> {
+    shard.storage_admits()?;
+    let id = shard.create(s)?;
+    shard.settle().await?;
+    Ok(id)
+}
+
 /// `/timers/<id>`: `PUT` (a client's, or a replication body naming
 /// `replicas`) and `DELETE`.
 async fn timer(api: &Api, id_text: &str, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
     let shard = &*api.shard;
+    if let (Method::Put | Method::Delete, Err(e)) = (req.method, shard.storage_admits()) {
+        return error(out, e.status, &e.reason, close);
+    }
     let Some(id) = TimerId::parse(id_text.as_bytes()) else {
         return error(
             out,

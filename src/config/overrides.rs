@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 /// The sections, and how their keys are spelled: kebab-case, except the
 /// sections that keep the reference's snake_case key names.
-const SECTIONS: [(&str, char); 9] = [
+const SECTIONS: [(&str, char); 10] = [
     ("http", '-'),
     ("runtime", '-'),
     ("cluster", '-'),
@@ -22,6 +22,7 @@ const SECTIONS: [(&str, char); 9] = [
     ("timers", '-'),
     ("log", '-'),
     ("queue", '-'),
+    ("storage", '-'),
     ("sites", '_'),
     ("throttling", '_'),
 ];
@@ -89,6 +90,11 @@ impl std::fmt::Debug for Override {
         write!(f, "{} ([{}] {})", self.origin, self.section, self.key)
     }
 }
+
+/// `CHRONOS_*` variables that are not settings: the storage fault hook
+/// of the tests (`storage::fault_point`), and the broker the test suite
+/// runs.
+const NOT_SETTINGS: [&str; 2] = ["CHRONOS_TEST_FAULT", "CHRONOS_TANSU"];
 
 /// What the command line asked for.
 #[derive(Debug, Default)]
@@ -159,6 +165,9 @@ impl Cli {
         for (name, value) in vars {
             if name == CONFIG_VAR {
                 self.config_path = Some(value);
+                continue;
+            }
+            if NOT_SETTINGS.contains(&name.as_str()) {
                 continue;
             }
             let Some((section, key)) = key_of(&name) else {

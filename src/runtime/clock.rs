@@ -58,3 +58,21 @@ pub fn unix_us() -> u64 {
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0)
 }
+
+static UNIX_OFFSET_MS: OnceLock<i64> = OnceLock::new();
+
+/// Wall-clock ms minus engine ms, fixed at first use: what the timer log
+/// stores times by (engine time means nothing to another process).
+fn unix_offset_ms() -> i64 {
+    *UNIX_OFFSET_MS.get_or_init(|| unix_ms() as i64 - now_ms() as i64)
+}
+
+/// The wall-clock ms of an engine time.
+pub fn engine_to_unix(ms: u64) -> u64 {
+    (ms as i64).saturating_add(unix_offset_ms()).max(0) as u64
+}
+
+/// The engine time of a wall-clock ms (0 before engine time began).
+pub fn unix_to_engine(ms: u64) -> u64 {
+    (ms as i64).saturating_sub(unix_offset_ms()).max(0) as u64
+}

@@ -23,8 +23,10 @@
 //! | `resync.rs` | the serving side of resync: GET pages, DELETE references |
 //! | `rebalance.rs` | the requesting side of resync: page every node, apply seed 003's rules |
 //! | `mesh.rs` | the messages shards exchange |
+//! | `durable.rs` | `[storage]`: recovery into the store, durability waits, compaction |
 
 pub mod conflict;
+pub mod durable;
 pub mod mesh;
 mod ops;
 mod pop;
@@ -81,6 +83,10 @@ pub struct Shard {
     pub throttle: Option<Throttle>,
     /// The last version handed out (strictly increasing per shard).
     last_version_us: Cell<u64>,
+    /// The timer log (`[storage]`), set once recovery has opened it.
+    log: std::cell::OnceCell<Rc<crate::storage::Log>>,
+    /// The log's flusher task (awaited at shutdown: it writes what is left).
+    flusher: RefCell<Option<glommio::Task<()>>>,
 }
 
 impl Shard {
@@ -136,6 +142,8 @@ impl Shard {
             throttle: throttle(&resolved),
             rebalance: rebalance::Trigger::default(),
             last_version_us: Cell::new(0),
+            log: std::cell::OnceCell::new(),
+            flusher: RefCell::new(None),
             resolved,
         });
         // Weak: the client belongs to the shard.
@@ -220,6 +228,9 @@ impl Shard {
             .iter()
             .filter(|s| !s.up.load(Ordering::Relaxed))
             .count();
+        if self.recovering() {
+            return Err("recovering: replaying the timer log".into());
+        }
         match down {
             0 => Ok(()),
             n => Err(format!("{n} shard(s) not listening")),

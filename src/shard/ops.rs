@@ -459,7 +459,8 @@ impl Shard {
     ) -> Result<(), OpError> {
         let owner = shard_of(head.id.unique, self.shards);
         if owner == self.id {
-            return self.apply(head, spec.as_ref(), from_client);
+            self.apply(head, spec.as_ref(), from_client)?;
+            return self.settle().await;
         }
         ShardStats::add(&self.my_stats().mesh_forwarded, 1);
         let reply = self

@@ -44,7 +44,18 @@ pub struct PopState {
     /// replaces or deletes the incarnation removes the entry, which
     /// withdraws its callbacks still waiting for a lane. At most
     /// `callback-in-flight-max` entries.
-    dispatched: RefCell<HashMap<u64, (u64, u32)>>,
+    dispatched: RefCell<HashMap<u64, Dispatched>>,
+}
+
+/// A dispatched incarnation ([`PopState::dispatched`]).
+struct Dispatched {
+    version: u64,
+    /// Its pops in flight.
+    count: u32,
+    /// With `[storage]`: the timer as it was before its first pop in
+    /// flight, and its due time: what the log still holds for it (the
+    /// outcome is logged when the pops end), and what a snapshot writes.
+    before: Option<(u64, Timer)>,
 }
 
 /// Gives a callback slot (and its target's share) back on every exit
@@ -64,7 +75,13 @@ impl Drop for Slot {
         pop.in_flight.set(pop.in_flight.get() - 1);
         pop.targets.give_back(self.target);
         promote_held(&self.shard, self.target);
-        pop.forget_dispatched(self.unique, self.version);
+        if pop.forget_dispatched(self.unique, self.version) {
+            // The log kept the pre-pop state until now: log the outcome
+            // (never inside a store borrow: a miss re-pops after a crash).
+            if let Ok(store) = self.shard.store.try_borrow() {
+                store.log_current(self.unique);
+            }
+        }
         if pop.blocked.replace(false) {
             pop.wake.notify();
         }
@@ -121,6 +138,7 @@ fn promote_held(shard: &Shard, target: u64) {
             due == held_due_ms && due > now && !t.is_tombstone() && target_of(t.uri()) == target
         });
         if held {
+            // Logged (a snapshot may not see a timer that moves unlogged).
             let timer = store.remove(unique).expect("just found");
             store.insert(now, timer);
             drop(store);
@@ -156,7 +174,10 @@ impl PopState {
     /// any other incarnation still waiting for a lane are no longer wanted.
     pub fn replaced(&self, unique: u64, version: u64) {
         let mut dispatched = self.dispatched.borrow_mut();
-        if dispatched.get(&unique).is_some_and(|(v, _)| *v != version) {
+        if dispatched
+            .get(&unique)
+            .is_some_and(|d| d.version != version)
+        {
             dispatched.remove(&unique);
         }
     }
@@ -167,27 +188,55 @@ impl PopState {
         self.dispatched
             .borrow()
             .get(&unique)
-            .is_some_and(|(v, _)| *v == version)
+            .is_some_and(|d| d.version == version)
     }
 
-    fn add_dispatched(&self, unique: u64, version: u64) {
+    /// A pop of `before` (as it was before the pop, due at `due_ms`) is
+    /// dispatched; `logged`: keep its pre-pop state for snapshots.
+    fn add_dispatched(&self, due_ms: u64, before: &Timer, logged: bool) {
         let mut dispatched = self.dispatched.borrow_mut();
-        let entry = dispatched.entry(unique).or_insert((version, 0));
-        if entry.0 != version {
+        let version = before.version;
+        let image = || logged.then(|| (due_ms, before.share()));
+        let entry = dispatched.entry(before.unique).or_insert(Dispatched {
+            version,
+            count: 0,
+            before: image(),
+        });
+        if entry.version != version {
             // A newer incarnation: the older one's pops are not wanted.
-            *entry = (version, 0);
+            *entry = Dispatched {
+                version,
+                count: 0,
+                before: image(),
+            };
         }
-        entry.1 += 1;
+        entry.count += 1;
     }
 
-    fn forget_dispatched(&self, unique: u64, version: u64) {
+    /// A pop's callback ended; `true` when it was the incarnation's last
+    /// in flight (its outcome is then what the store holds).
+    fn forget_dispatched(&self, unique: u64, version: u64) -> bool {
         let mut dispatched = self.dispatched.borrow_mut();
-        if let Some(entry) = dispatched.get_mut(&unique) {
-            if entry.0 == version {
-                entry.1 -= 1;
-                if entry.1 == 0 {
-                    dispatched.remove(&unique);
-                }
+        let Some(entry) = dispatched.get_mut(&unique) else {
+            return false;
+        };
+        if entry.version != version {
+            return false;
+        }
+        entry.count -= 1;
+        if entry.count > 0 {
+            return false;
+        }
+        dispatched.remove(&unique);
+        true
+    }
+
+    /// Visit the pre-pop state of every timer with pops in flight (what
+    /// a snapshot writes for them, so that it matches the log).
+    pub fn each_before_pop(&self, mut visit: impl FnMut(u64, &Timer)) {
+        for d in self.dispatched.borrow().values() {
+            if let Some((due, t)) = &d.before {
+                visit(*due, t);
             }
         }
     }
@@ -236,12 +285,15 @@ pub async fn pop_loop(shard: Rc<Shard>) {
 /// (the final pop leaves a tombstone one more life, when there are peers).
 fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
     let stats = shard.my_stats();
+    let pop = &shard.pop;
     let skew = shard.resolved.config.timers.replica_skew_ms;
     for (due_ms, timer) in due.drain(..) {
         if timer.is_tombstone() {
             // Lived out its interval, and any informational copy with it.
             ShardStats::add(&stats.tombstones_expired, 1);
-            shard.store.borrow_mut().drop_info(timer.unique);
+            let mut store = shard.store.borrow_mut();
+            store.drop_info(timer.unique);
+            store.log_current(timer.unique);
             continue;
         }
         let target = target_of(timer.uri());
@@ -257,6 +309,8 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
         // callback slower than the interval).
         let mut popped = timer.share();
         popped.sequence += 1;
+        let logged = shard.store.borrow().logged();
+        pop.add_dispatched(due_ms, &timer, logged);
         // The store first: the callback's task may ask it at once whether
         // the callback is still wanted.
         advance(shard, now, timer);
@@ -272,11 +326,11 @@ fn advance(shard: &Shard, now: u64, mut timer: Timer) {
     timer.sequence += 1;
     if timer.has_next_pop() {
         let next = timer.next_pop_ms(shard.resolved.config.timers.replica_skew_ms);
-        shard.store.borrow_mut().insert(next, timer);
+        shard.store.borrow_mut().insert_unlogged(next, timer);
     } else if shard.keeps_tombstones() {
         let tomb = timer.to_tombstone();
         let until = now + shard.tombstone_life_ms(&tomb);
-        shard.store.borrow_mut().insert(until, tomb);
+        shard.store.borrow_mut().insert_unlogged(until, tomb);
     }
 }
 
@@ -315,7 +369,9 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
         // the timer for its later pops.
         ShardStats::add(&stats.timers_popped, 1);
         ShardStats::add(&stats.callbacks_deferred, 1);
+        let unique = timer.unique;
         advance(shard, now, timer);
+        shard.store.borrow().log_current(unique);
         return;
     }
     ShardStats::add(&stats.callbacks_held, 1);
@@ -327,6 +383,8 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
     };
     let due_ms = now + fallback_ms;
     shard.pop.targets.hold(target, timer.unique, due_ms);
+    // Logged: the pop has not happened, and a snapshot may not see a
+    // timer that moves unlogged.
     shard.store.borrow_mut().insert(due_ms, timer);
 }
 
@@ -356,7 +414,6 @@ fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration
     );
     pop.in_flight.set(pop.in_flight.get() + 1);
     pop.targets.take(target);
-    pop.add_dispatched(popped.unique, popped.version);
     let slot = Slot {
         shard: shard.clone(),
         target,

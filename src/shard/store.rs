@@ -7,6 +7,9 @@
 //! doubles, which at 2 M timers stalls the shard for ~0.1 s (pops late);
 //! here each insert moves a bounded number of entries instead.
 
+use crate::runtime::clock;
+use crate::storage::record::Image;
+use crate::storage::Log;
 use crate::timer::id::index_hash;
 use crate::timer::spec::TAGS_MAX;
 use crate::timer::{IdGenerator, Timer};
@@ -14,6 +17,7 @@ use crate::wheel::{Key, Wheel};
 use hashbrown::HashTable;
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 /// Distinct tag names per shard.
 pub const TAG_NAMES_MAX: usize = 4096;
@@ -35,6 +39,10 @@ pub struct Store {
     /// Informational timers (seed 003), at most one per ID, outside the
     /// wheel; at most `INFORMATIONAL_MAX`.
     info: HashMap<u64, Timer>,
+    /// The timer log (`[storage]`): every `insert` and `remove` appends
+    /// the change; the pop loop's own moves use the `_unlogged` forms and
+    /// log the outcome once the pop's callback has ended ([`Store::log_current`]).
+    log: Option<Rc<Log>>,
 }
 
 impl Store {
@@ -48,7 +56,77 @@ impl Store {
             tag_values: Vec::new(),
             tombstones: 0,
             info: HashMap::new(),
+            log: None,
         }
+    }
+
+    /// Log every change from now on.
+    pub fn set_log(&mut self, log: Rc<Log>) {
+        assert!(self.log.is_none(), "one log per store");
+        self.log = Some(log);
+    }
+
+    /// Whether changes are logged.
+    pub fn logged(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Append a PUT of `timer`, due at `due_ms` (engine time).
+    fn log_put(&self, due_ms: u64, timer: &Timer) {
+        if let Some(log) = &self.log {
+            let image = image_of(due_ms, timer);
+            let mut pairs = [("", 0u32); TAGS_MAX];
+            let n = self.tag_pairs(timer, &mut pairs);
+            log.put(&image, pairs[..n].iter().copied());
+        }
+    }
+
+    /// Log the stored state of `unique` as it is now: its incarnation, or
+    /// its removal (a pop's outcome, once its callback has ended).
+    pub fn log_current(&self, unique: u64) {
+        let Some(log) = &self.log else {
+            return;
+        };
+        match self.get(unique) {
+            Some((due, t)) => self.log_put(due, t),
+            None => {
+                log.remove(unique);
+            }
+        }
+    }
+
+    /// Store a recovered timer (already in the log), at its due time in
+    /// engine time.
+    pub fn recover(&mut self, image: &Image<'_>) {
+        let mut head = image.head;
+        head.start_ms = clock::unix_to_engine(head.start_ms);
+        let mut named: [(Cow<'_, str>, u32); TAGS_MAX] = Default::default();
+        let mut n = 0;
+        for (slot, (name, count)) in named.iter_mut().zip(image.tags()) {
+            *slot = (Cow::Borrowed(name), count);
+            n += 1;
+        }
+        let mut tags = [(0u32, 0u32); TAGS_MAX];
+        let n = self.intern_tags(&named[..n], &mut tags);
+        let timer = Timer::new(head, image.uri, image.opaque, &tags[..n]);
+        let unique = timer.unique;
+        if self.find_key(unique).is_some() {
+            self.remove_unlogged(unique);
+        }
+        self.insert_unlogged(clock::unix_to_engine(image.due_unix_ms), timer);
+    }
+
+    /// Encode `timer` (due at `due_ms`) into a snapshot.
+    pub fn snapshot_put(
+        &self,
+        enc: &mut crate::storage::snapshot::Encoder,
+        due_ms: u64,
+        timer: &Timer,
+    ) {
+        let image = image_of(due_ms, timer);
+        let mut pairs = [("", 0u32); TAGS_MAX];
+        let n = self.tag_pairs(timer, &mut pairs);
+        enc.put(&image, pairs[..n].iter().copied());
     }
 
     pub fn len(&self) -> usize {
@@ -76,8 +154,15 @@ impl Store {
     }
 
     /// Store a timer; its ID must not be stored already (one incarnation
-    /// per ID: replace with `remove` first).
+    /// per ID: replace with `remove` first). Logged.
     pub fn insert(&mut self, due_ms: u64, timer: Timer) {
+        self.log_put(due_ms, &timer);
+        self.insert_unlogged(due_ms, timer);
+    }
+
+    /// `insert` without a log record: the pop loop's moves (the log keeps
+    /// the pre-pop state until the pop's callback ends), and recovery.
+    pub fn insert_unlogged(&mut self, due_ms: u64, timer: Timer) {
         let unique = timer.unique;
         debug_assert!(self.find_key(unique).is_none(), "one incarnation per ID");
         let len_before = self.wheel.len();
@@ -92,7 +177,17 @@ impl Store {
         );
     }
 
+    /// Take a timer out. Logged.
     pub fn remove(&mut self, unique: u64) -> Option<Timer> {
+        let timer = self.remove_unlogged(unique)?;
+        if let Some(log) = &self.log {
+            log.remove(unique);
+        }
+        Some(timer)
+    }
+
+    /// `remove` without a log record (the pop loop's moves).
+    pub fn remove_unlogged(&mut self, unique: u64) -> Option<Timer> {
         let key = self.find_key(unique)?;
         self.index.remove(unique, key.index());
         let timer = self.wheel.cancel(key)?;
@@ -250,6 +345,13 @@ impl Store {
             .zip(self.tag_values.iter().copied())
             .collect()
     }
+}
+
+/// A timer as the log and snapshots keep it: times on the wall clock.
+fn image_of(due_ms: u64, t: &Timer) -> Image<'_> {
+    let mut head = t.head();
+    head.start_ms = clock::engine_to_unix(head.start_ms);
+    Image::new(clock::engine_to_unix(due_ms), head, t.uri(), t.opaque())
 }
 
 /// Slab indices an insert checks while the index is growing: a growth that

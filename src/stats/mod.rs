@@ -78,6 +78,17 @@ macro_rules! counters {
             /// Postgres statement latency histogram (per batch).
             pub pg_batch: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
             pub pg_batch_sum_us: AtomicU64,
+            /// `[storage]`: `fdatasync` latency histogram.
+            pub storage_sync: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
+            pub storage_sync_sum_us: AtomicU64,
+            /// `[storage]`: log bytes since the last snapshot.
+            pub storage_log_bytes: AtomicI64,
+            /// `[storage]`: wall-clock ms of the last snapshot (0: none yet).
+            pub storage_snapshot_unix_ms: AtomicI64,
+            /// `[storage]`: how long the last snapshot took, in ms.
+            pub storage_snapshot_duration_ms: AtomicI64,
+            /// `[storage]`: the shard is replaying its log (not ready).
+            pub recovering: std::sync::atomic::AtomicBool,
         }
 
         const COUNTER_HELP: &[(&str, &str)] = &[$((stringify!($name), $help),)*];
@@ -128,6 +139,13 @@ counters! {
     queue_late: "Messages already due on arrival, published at once.",
     queue_fired: "Messages published from the table at their deadline.",
     queue_reset: "Readied messages reset after a suspected node failure.",
+    storage_records: "Records appended to the timer log ([storage]).",
+    storage_bytes: "Bytes written to the timer log, padding included.",
+    storage_syncs: "fdatasync calls of the timer log (one per write batch).",
+    storage_snapshots: "Snapshots of the timers written (compaction).",
+    storage_replayed_records: "Log and snapshot records replayed at start.",
+    storage_torn_tails: "Torn log tails (garbage after the last whole write batch) cut at start.",
+    storage_corrupt_records: "Bad records before the log's tail skipped at start (on-corruption = \"skip\").",
     queue_producer_errors: "Publishes that failed for a transient reason (each is retried; permanent refusals are chronos_queue_rejected_total{reason=\"unpublishable\"}).",
 }
 
@@ -154,6 +172,12 @@ impl ShardStats {
         let us = us.max(0) as u64;
         self.queue_lateness[Self::bucket_of(us)].fetch_add(1, Relaxed);
         self.queue_lateness_sum_us.fetch_add(us, Relaxed);
+    }
+
+    pub fn record_storage_sync(&self, took: std::time::Duration) {
+        let us = took.as_micros() as u64;
+        self.storage_sync[Self::bucket_of(us)].fetch_add(1, Relaxed);
+        self.storage_sync_sum_us.fetch_add(us, Relaxed);
     }
 
     pub fn record_pg_batch(&self, took: std::time::Duration) {
@@ -301,6 +325,7 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
         "Queue: latency of one batched Postgres statement.",
         |s| (&s.pg_batch, &s.pg_batch_sum_us),
     );
+    storage_metrics(out, shards);
     let _ = writeln!(out, "# HELP chronos_tag_count Live timers per statistics tag, times the tag's count.\n# TYPE chronos_tag_count gauge");
     for (tag, value) in tags {
         let escaped = tag
@@ -309,6 +334,38 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
             .replace('\n', "\\n");
         let _ = writeln!(out, "chronos_tag_count{{tag=\"{escaped}\"}} {value}");
     }
+}
+
+/// `[storage]` gauges and the sync histogram.
+fn storage_metrics(out: &mut String, shards: &[ShardStats]) {
+    histogram(
+        out,
+        shards,
+        "chronos_storage_sync_seconds",
+        "Timer log: latency of one fdatasync (a write batch).",
+        |s| (&s.storage_sync, &s.storage_sync_sum_us),
+    );
+    let log: i64 = shards
+        .iter()
+        .map(|s| s.storage_log_bytes.load(Relaxed))
+        .sum();
+    let _ = writeln!(out, "# HELP chronos_storage_log_bytes Timer log bytes since each shard's last snapshot.\n# TYPE chronos_storage_log_bytes gauge\nchronos_storage_log_bytes {log}");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let oldest = shards
+        .iter()
+        .map(|s| s.storage_snapshot_unix_ms.load(Relaxed))
+        .filter(|ms| *ms > 0)
+        .min();
+    let age = oldest.map_or(-1.0, |ms| (now_ms - ms).max(0) as f64 / 1000.0);
+    let _ = writeln!(out, "# HELP chronos_storage_snapshot_age_seconds Age of the oldest shard's last snapshot (-1: none yet).\n# TYPE chronos_storage_snapshot_age_seconds gauge\nchronos_storage_snapshot_age_seconds {age}");
+    let took = shards
+        .iter()
+        .map(|s| s.storage_snapshot_duration_ms.load(Relaxed))
+        .max()
+        .unwrap_or(0);
+    let _ = writeln!(out, "# HELP chronos_storage_snapshot_duration_seconds The longest of the shards' last snapshot durations.\n# TYPE chronos_storage_snapshot_duration_seconds gauge\nchronos_storage_snapshot_duration_seconds {}", took as f64 / 1000.0);
 }
 
 type Buckets = [AtomicU64; LATENCY_BUCKETS_MS.len() + 1];

@@ -1,0 +1,207 @@
+//! The shard's side of `[storage]`: rebuilding the store from what the
+//! log recovered, waiting for a change to be durable, and compaction.
+//!
+//! What the log holds for a timer: its state after every client,
+//! replication and resync change; for a pop, the state before it until
+//! the pop's callback has ended (then the outcome), so a crash between a
+//! pop and its callback pops it again (at least once, never lost).
+//! Snapshots write the same view: a timer with pops in flight is written
+//! as it was before them.
+
+use super::{OpError, Shard};
+use crate::runtime::gate::Gate;
+use crate::stats::ShardStats;
+use crate::storage::{self, snapshot, Log, Recovered};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Timers put back into the wheel per turn at start.
+const RECOVER_SLICE: usize = 4096;
+/// Store slab indices a snapshot encodes per turn: a slice takes well
+/// under a millisecond, so pops are not held up.
+const SNAPSHOT_SLICE: usize = 1024;
+/// After a failed snapshot, the next try waits this long.
+const SNAPSHOT_RETRY: Duration = Duration::from_secs(5);
+
+impl Shard {
+    /// The timer log, once recovery has opened it.
+    pub fn log(&self) -> Option<&Rc<Log>> {
+        self.log.get()
+    }
+
+    /// Whether any shard of this node is still replaying its log.
+    pub fn recovering(&self) -> bool {
+        self.stats
+            .iter()
+            .any(|s| s.recovering.load(Ordering::Relaxed))
+    }
+
+    /// Whether a change may be made now: not while recovering, not when
+    /// the log is behind the disk or has failed (`503` with the reason).
+    pub fn storage_admits(&self) -> Result<(), OpError> {
+        if self.recovering() {
+            return Err(OpError::new(
+                503,
+                "recovering: the node is replaying its timer log; retry shortly",
+            ));
+        }
+        match self.log() {
+            Some(log) if !log.has_room() => Err(OpError::new(
+                503,
+                match log.failure() {
+                    Some(why) => format!("the timer log failed ({why}): writes are refused until a restart"),
+                    None => "the timer log is behind the disk ([storage] pending-bytes-max reached): retry later".to_string(),
+                },
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Wait until every change this shard has made so far is durable
+    /// (at once without `[storage]` or with `sync = "none"`).
+    pub async fn settle(&self) -> Result<(), OpError> {
+        let Some(log) = self.log() else {
+            return Ok(());
+        };
+        log.durable(log.last_lsn()).await.map_err(|why| {
+            OpError::new(
+                503,
+                format!("the timer log failed ({why}): the change may not be durable"),
+            )
+        })
+    }
+}
+
+/// Rebuild the store from `recovered`, open the log after it, and start
+/// the flusher and compaction. The pop loop starts after this.
+pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> Rc<Log> {
+    let started = Instant::now();
+    let stats = shard.my_stats();
+    assert!(
+        stats.recovering.load(Ordering::Relaxed),
+        "set before the server"
+    );
+    let mut images: Vec<_> = recovered.images().collect();
+    // Due order: timers that fell due while the node was down pop in it.
+    images.sort_unstable_by_key(|i| i.due_unix_ms);
+    for chunk in images.chunks(RECOVER_SLICE) {
+        {
+            let mut store = shard.store.borrow_mut();
+            for image in chunk {
+                store.recover(image);
+            }
+        }
+        glommio::yield_if_needed().await;
+    }
+    let count = images.len();
+    drop(images);
+    ShardStats::add(&stats.storage_replayed_records, recovered.replayed);
+    ShardStats::add(&stats.storage_torn_tails, recovered.torn_tails);
+    ShardStats::add(&stats.storage_corrupt_records, recovered.corrupt);
+    let cfg = &shard.resolved.config.storage;
+    let resume = recovered.resume();
+    let log = Log::new(dir.clone(), cfg, &resume, shard.stats.clone(), shard.id);
+    log.snapshot_taken(recovered.snapshot_bytes, recovered.since_snapshot_bytes);
+    shard.store.borrow_mut().set_log(log.clone());
+    assert!(shard.log.set(log.clone()).is_ok(), "one log per shard");
+    let flusher = glommio::spawn_local(storage::log::flusher(log.clone(), resume));
+    *shard.flusher.borrow_mut() = Some(flusher);
+    let corrupt = recovered.corrupt > 0;
+    drop(recovered);
+    shard
+        .gate
+        .spawn(compaction_loop(shard.clone(), log.clone(), dir, corrupt));
+    shard.refresh_gauges(&shard.store.borrow());
+    tracing::info!(target: "chronos::storage", "shard {}: recovered {count} timers and tombstones in {} ms", shard.id, started.elapsed().as_millis());
+    if corrupt && shard.id == 0 && shard.has_peers() {
+        // What the skipped records held comes back from the peers.
+        shard.rebalance.request(true);
+    }
+    log
+}
+
+/// Close the log at shutdown: write what is pending, then end.
+pub async fn close(shard: &Shard, timeout: Duration) {
+    let Some(log) = shard.log() else {
+        return;
+    };
+    log.close();
+    let flusher = shard.flusher.borrow_mut().take();
+    if let Some(task) = flusher {
+        let sleep = async {
+            glommio::timer::sleep(timeout).await;
+            tracing::warn!(target: "chronos::storage", "shard {}: the timer log's last write did not end within {timeout:?}", shard.id);
+        };
+        futures_lite::future::or(task, sleep).await;
+    }
+}
+
+/// Snapshot whenever the log has outgrown its last snapshot (at once when
+/// recovery skipped corrupt records: the snapshot replaces them).
+async fn compaction_loop(shard: Rc<Shard>, log: Rc<Log>, dir: PathBuf, mut now: bool) {
+    let gate: Rc<Gate> = shard.gate.clone();
+    while !gate.is_closing() {
+        if !now {
+            if gate.unless_closing(log.compact.wait()).await.is_none() {
+                return;
+            }
+            if !log.wants_snapshot() {
+                continue;
+            }
+        }
+        now = false;
+        if let Err(why) = snapshot(&shard, &log, &dir).await {
+            tracing::error!(target: "chronos::storage", "shard {}: snapshot failed: {why}; retrying in {SNAPSHOT_RETRY:?}", shard.id);
+            let _ = gate
+                .unless_closing(glommio::timer::sleep(SNAPSHOT_RETRY))
+                .await;
+            now = true;
+        }
+    }
+}
+
+/// Write a snapshot of the store in slices, put it in place, remove what
+/// it covers.
+async fn snapshot(shard: &Shard, log: &Log, dir: &std::path::Path) -> Result<(), String> {
+    let started = Instant::now();
+    let covers_lsn = log.last_lsn() + 1;
+    let since_at_start = log.since_snapshot_bytes();
+    let mut w = snapshot::Writer::create(dir, covers_lsn).await?;
+    let mut from = Some(0);
+    while let Some(at) = from {
+        {
+            let store = shard.store.borrow();
+            from = store.scan_slice(at, SNAPSHOT_SLICE, |due, t| {
+                store.snapshot_put(&mut w.enc, due, t);
+            });
+        }
+        w.write_some().await?;
+        glommio::yield_if_needed().await;
+    }
+    {
+        // Pops in flight: as the log has them, before the pop (written
+        // last, so they win over the store's state of the same ID).
+        let store = shard.store.borrow();
+        shard
+            .pop
+            .each_before_pop(|due, t| store.snapshot_put(&mut w.enc, due, t));
+    }
+    let count = w.enc.count();
+    let bytes = w.finish().await?;
+    storage::fault_point("after-snapshot-rename");
+    let removed = snapshot::remove_covered(dir, covers_lsn).await?;
+    log.snapshot_taken(bytes, log.since_snapshot_bytes() - since_at_start);
+    let stats = shard.my_stats();
+    ShardStats::add(&stats.storage_snapshots, 1);
+    let took = started.elapsed();
+    stats
+        .storage_snapshot_duration_ms
+        .store(took.as_millis() as i64, Ordering::Relaxed);
+    stats
+        .storage_snapshot_unix_ms
+        .store(crate::runtime::clock::unix_ms() as i64, Ordering::Relaxed);
+    tracing::info!(target: "chronos::storage", "shard {}: snapshot of {count} timers ({bytes} bytes) in {} ms; {removed} file(s) it covers removed", shard.id, took.as_millis());
+    Ok(())
+}

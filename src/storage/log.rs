@@ -1,0 +1,377 @@
+//! A shard's write-ahead log: appends in memory, group commit on disk.
+//!
+//! The shard appends a record for every change it makes ([`Log::put`],
+//! [`Log::remove`]) without waiting; one flusher task per shard writes
+//! what has gathered as one batch at a fresh block boundary of the
+//! current segment (`DmaFile`, O_DIRECT, its own aligned buffer, so a
+//! durable block is never rewritten), then `fdatasync`s it. One sync is in
+//! flight at a time; the next starts as soon as it ends. Requests wait for
+//! [`Log::durable`] of their change with `sync = "batch"`.
+//!
+//! Bounds: `pending-bytes-max` of records not yet written (beyond it
+//! [`Log::has_room`] is false: clients get 503, pops wait); waiters are
+//! requests in flight (bounded by the connection bounds).
+
+use super::config::{StorageConfig, SyncMode};
+use super::record::{self, Image, BLOCK_BYTES};
+use super::segment_name;
+use crate::runtime::notify::Notify;
+use crate::stats::ShardStats;
+use glommio::io::{DmaFile, OpenOptions};
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// Where the log continues after recovery.
+#[derive(Clone, Debug)]
+pub struct Resume {
+    /// The next record's LSN.
+    pub next_lsn: u64,
+    /// The last record's crc (the chain continues from it).
+    pub last_crc: u32,
+    /// The last segment and where its written part ends (a block
+    /// boundary), or `None`: start a new segment.
+    pub segment: Option<(PathBuf, u64)>,
+    /// Log bytes since the snapshot recovery started from.
+    pub since_snapshot_bytes: u64,
+}
+
+/// The flusher's file: the current segment.
+struct Segment {
+    file: DmaFile,
+    /// Where the next batch goes (a block boundary).
+    offset: u64,
+}
+
+pub struct Log {
+    dir: PathBuf,
+    cfg: StorageConfig,
+    /// Records appended and not yet taken by the flusher.
+    pending: RefCell<Vec<u8>>,
+    next_lsn: Cell<u64>,
+    /// Every record up to this LSN is on disk.
+    durable_lsn: Cell<u64>,
+    last_crc: Cell<u32>,
+    /// The first I/O error: the log stops, writes get 503.
+    failed: RefCell<Option<String>>,
+    closed: Cell<bool>,
+    wake: Notify,
+    waiters: RefCell<Vec<Waker>>,
+    /// Log bytes since the last snapshot, and that snapshot's size.
+    since_snapshot_bytes: Cell<u64>,
+    snapshot_bytes: Cell<u64>,
+    /// Wakes the compaction task when the log has outgrown its snapshot.
+    pub compact: Notify,
+    stats: Arc<[ShardStats]>,
+    shard: usize,
+}
+
+impl Log {
+    pub fn new(
+        dir: PathBuf,
+        cfg: &StorageConfig,
+        resume: &Resume,
+        stats: Arc<[ShardStats]>,
+        shard: usize,
+    ) -> Rc<Log> {
+        assert!(resume.next_lsn >= 1, "LSNs start at 1");
+        Rc::new(Log {
+            dir,
+            cfg: cfg.clone(),
+            pending: RefCell::new(Vec::with_capacity(cfg.group_commit_bytes)),
+            next_lsn: Cell::new(resume.next_lsn),
+            durable_lsn: Cell::new(resume.next_lsn - 1),
+            last_crc: Cell::new(resume.last_crc),
+            failed: RefCell::new(None),
+            closed: Cell::new(false),
+            wake: Notify::default(),
+            waiters: RefCell::new(Vec::new()),
+            since_snapshot_bytes: Cell::new(resume.since_snapshot_bytes),
+            snapshot_bytes: Cell::new(0),
+            compact: Notify::default(),
+            stats,
+            shard,
+        })
+    }
+
+    fn my_stats(&self) -> &ShardStats {
+        &self.stats[self.shard]
+    }
+
+    fn next(&self) -> u64 {
+        let lsn = self.next_lsn.get();
+        self.next_lsn.set(lsn + 1);
+        lsn
+    }
+
+    /// Append a PUT of one incarnation; returns its LSN.
+    pub fn put<'t>(&self, image: &Image<'_>, tags: impl Iterator<Item = (&'t str, u32)>) -> u64 {
+        let lsn = self.next();
+        record::put(&mut self.pending.borrow_mut(), lsn, image, tags);
+        self.appended();
+        lsn
+    }
+
+    /// Append a REMOVE; returns its LSN.
+    pub fn remove(&self, unique: u64) -> u64 {
+        let lsn = self.next();
+        record::remove(&mut self.pending.borrow_mut(), lsn, unique);
+        self.appended();
+        lsn
+    }
+
+    fn appended(&self) {
+        ShardStats::add(&self.my_stats().storage_records, 1);
+        self.wake.notify();
+    }
+
+    /// The last LSN appended.
+    pub fn last_lsn(&self) -> u64 {
+        self.next_lsn.get() - 1
+    }
+
+    /// Whether more changes may be appended now (the disk keeps up).
+    pub fn has_room(&self) -> bool {
+        self.pending.borrow().len() < self.cfg.pending_bytes_max && self.failed.borrow().is_none()
+    }
+
+    /// Why the log stopped, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.borrow().clone()
+    }
+
+    /// Wait until `lsn` is on disk (at once with `sync = "none"`).
+    pub fn durable(&self, lsn: u64) -> Durable<'_> {
+        Durable { log: self, lsn }
+    }
+
+    /// Log bytes since the last snapshot (what compaction weighs).
+    pub fn since_snapshot_bytes(&self) -> u64 {
+        self.since_snapshot_bytes.get()
+    }
+
+    /// Whether the log has outgrown both `compact-log-bytes` and the last
+    /// snapshot.
+    pub fn wants_snapshot(&self) -> bool {
+        let since = self.since_snapshot_bytes.get();
+        since > self.cfg.compact_log_bytes && since > self.snapshot_bytes.get()
+    }
+
+    /// A snapshot covering every LSN before `covers_lsn` is in place: the
+    /// log since it is what was written after that LSN was handed out.
+    pub fn snapshot_taken(&self, snapshot_bytes: u64, since_bytes: u64) {
+        self.snapshot_bytes.set(snapshot_bytes);
+        self.since_snapshot_bytes.set(since_bytes);
+        self.my_stats()
+            .storage_log_bytes
+            .store(since_bytes as i64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Stop taking changes; the flusher writes what is pending and ends.
+    pub fn close(&self) {
+        self.closed.set(true);
+        self.wake.notify();
+    }
+
+    fn wake_waiters(&self) {
+        for w in self.waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    fn fail(&self, why: String) {
+        tracing::error!(target: "chronos::storage", "shard {}: the timer log failed: {why}; writes are refused until a restart", self.shard);
+        *self.failed.borrow_mut() = Some(why);
+        self.wake_waiters();
+    }
+}
+
+/// [`Log::durable`]'s future: `Err` when the log failed or closed first.
+pub struct Durable<'a> {
+    log: &'a Log,
+    lsn: u64,
+}
+
+impl Future for Durable<'_> {
+    type Output = Result<(), String>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let log = self.log;
+        if log.cfg.sync == SyncMode::None || log.durable_lsn.get() >= self.lsn {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(why) = log.failed.borrow().as_ref() {
+            return Poll::Ready(Err(why.clone()));
+        }
+        log.waiters.borrow_mut().push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// The flusher: one per shard, until [`Log::close`]; writes what is left
+/// before it ends.
+pub async fn flusher(log: Rc<Log>, resume: Resume) {
+    let mut segment = match open_segment(&log, &resume).await {
+        Ok(s) => s,
+        Err(e) => return log.fail(e),
+    };
+    let mut batch: Vec<u8> = Vec::with_capacity(log.cfg.group_commit_bytes);
+    loop {
+        if log.pending.borrow().is_empty() {
+            if log.closed.get() {
+                break;
+            }
+            log.wake.wait().await;
+            continue;
+        }
+        gather(&log).await;
+        std::mem::swap(&mut *log.pending.borrow_mut(), &mut batch);
+        let last = log.last_lsn();
+        let wrote = write_batch(&log, &mut segment, &mut batch).await;
+        batch.clear();
+        match wrote {
+            Ok(()) => {
+                log.durable_lsn.set(last);
+                log.wake_waiters();
+                if log.wants_snapshot() {
+                    log.compact.notify();
+                }
+            }
+            Err(e) => return log.fail(e),
+        }
+    }
+    log.wake_waiters();
+}
+
+/// Let more changes join the batch: with `sync = "batch"`, while each turn
+/// of the executor adds some, up to `group-commit-us` and
+/// `group-commit-bytes`; with `"none"`, for the whole window.
+async fn gather(log: &Log) {
+    let window = Duration::from_micros(log.cfg.group_commit_us);
+    if log.cfg.sync == SyncMode::None {
+        if !log.closed.get() {
+            glommio::timer::sleep(window).await;
+        }
+        return;
+    }
+    let started = Instant::now();
+    loop {
+        let before = log.pending.borrow().len();
+        futures_lite::future::yield_now().await;
+        let now = log.pending.borrow().len();
+        if now == before || now >= log.cfg.group_commit_bytes || started.elapsed() >= window {
+            return;
+        }
+    }
+}
+
+/// Write one batch (ended by its COMMIT) and sync it; rotate to a new
+/// segment first when it would not fit.
+async fn write_batch(log: &Log, segment: &mut Segment, batch: &mut Vec<u8>) -> Result<(), String> {
+    let first_lsn = record::first_lsn(batch);
+    record::commit(batch, 0, 0);
+    let room = log.cfg.segment_bytes.saturating_sub(BLOCK_BYTES as u64);
+    if segment.offset > 0 && segment.offset + batch.len() as u64 > room {
+        *segment = rotate(log, segment, first_lsn).await?;
+    }
+    let crc = record::stamp(batch, log.last_crc.get(), first_lsn);
+    write_synced(log, segment, batch).await?;
+    log.last_crc.set(crc);
+    log.since_snapshot_bytes
+        .set(log.since_snapshot_bytes.get() + batch.len() as u64);
+    let stats = log.my_stats();
+    stats.storage_log_bytes.store(
+        log.since_snapshot_bytes.get() as i64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    Ok(())
+}
+
+/// Write `bytes` (whole blocks) at the segment's offset, then fdatasync.
+async fn write_synced(log: &Log, segment: &mut Segment, bytes: &[u8]) -> Result<(), String> {
+    assert!(bytes.len().is_multiple_of(BLOCK_BYTES), "whole blocks");
+    let mut buf = segment.file.alloc_dma_buffer(bytes.len());
+    buf.as_bytes_mut().copy_from_slice(bytes);
+    let wrote = segment
+        .file
+        .write_at(buf, segment.offset)
+        .await
+        .map_err(|e| format!("write at offset {}: {e}", segment.offset))?;
+    if wrote != bytes.len() {
+        return Err(format!(
+            "short write at offset {}: {wrote} of {} bytes",
+            segment.offset,
+            bytes.len()
+        ));
+    }
+    let started = Instant::now();
+    segment
+        .file
+        .fdatasync()
+        .await
+        .map_err(|e| format!("fdatasync: {e}"))?;
+    let stats = log.my_stats();
+    stats.record_storage_sync(started.elapsed());
+    ShardStats::add(&stats.storage_syncs, 1);
+    ShardStats::add(&stats.storage_bytes, bytes.len() as u64);
+    segment.offset += bytes.len() as u64;
+    Ok(())
+}
+
+/// Seal the current segment (a SEAL batch: it ends there) and start the
+/// next one, named by `first_lsn`, the next batch's first LSN. SEAL and
+/// COMMIT records carry LSN 0: only PUT and REMOVE are numbered.
+async fn rotate(log: &Log, old: &mut Segment, first_lsn: u64) -> Result<Segment, String> {
+    let mut seal = Vec::with_capacity(BLOCK_BYTES);
+    let at = record::begin(&mut seal, record::SEAL, 0);
+    record::finish(&mut seal, at);
+    record::commit(&mut seal, 0, 0);
+    let crc = record::stamp(&mut seal, log.last_crc.get(), first_lsn);
+    write_synced(log, old, &seal).await?;
+    log.last_crc.set(crc);
+    create_segment(log, log.dir.join(segment_name(first_lsn))).await
+}
+
+async fn create_segment(log: &Log, path: PathBuf) -> Result<Segment, String> {
+    let file = OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create_new(true)
+        .dma_open(&path)
+        .await
+        .map_err(|e| format!("create {}: {e}", path.display()))?;
+    file.pre_allocate(log.cfg.segment_bytes, false)
+        .await
+        .map_err(|e| format!("fallocate {}: {e}", path.display()))?;
+    super::sync_dir(&log.dir).await?;
+    Ok(Segment { file, offset: 0 })
+}
+
+async fn open_segment(log: &Log, resume: &Resume) -> Result<Segment, String> {
+    match &resume.segment {
+        Some((path, offset)) => {
+            assert!(
+                offset.is_multiple_of(BLOCK_BYTES as u64),
+                "batches end on blocks"
+            );
+            let file = OpenOptions::new()
+                .write(true)
+                .read(true)
+                .dma_open(path)
+                .await
+                .map_err(|e| format!("open {}: {e}", path.display()))?;
+            Ok(Segment {
+                file,
+                offset: *offset,
+            })
+        }
+        None => {
+            let name = segment_name(log.next_lsn.get());
+            create_segment(log, log.dir.join(name)).await
+        }
+    }
+}
