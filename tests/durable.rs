@@ -527,7 +527,7 @@ fn sigterm_and_start_pops_every_live_timer_once_with_its_body() {
     let sink = Sink::start(Behaviour::Ok);
     let port = free_port();
     let config = store.config(2, "");
-    let node = Node::start_at(LOCAL, port, &config);
+    let (node, _) = start_ready(port, &config);
     let before = Instant::now();
     let (want, gone) = create_mixed(&node, &sink);
     let after = Instant::now();
@@ -564,7 +564,7 @@ fn kill9_during_a_create_delete_load_keeps_every_acknowledged_change() {
     let sink = Sink::start(Behaviour::Ok);
     let port = free_port();
     let config = store.config(2, "");
-    let mut node = Node::start_at(LOCAL, port, &config);
+    let (mut node, _) = start_ready(port, &config);
     let load = Load {
         creates: 1500,
         ..Load::new(&node, &sink, Due::After(8.0))
@@ -608,7 +608,7 @@ fn timers_due_during_a_downtime_pop_at_once_after_the_start() {
     let sink = Sink::start(Behaviour::Ok);
     let port = free_port();
     let config = store.config(2, "");
-    let mut node = Node::start_at(LOCAL, port, &config);
+    let (mut node, _) = start_ready(port, &config);
     for i in 0..40 {
         let interval = format!("{:.3}", 3.0 + 0.0375 * i as f64);
         node.create(&timer_body(
@@ -645,17 +645,22 @@ fn timers_due_during_a_downtime_pop_at_once_after_the_start() {
 /// The repeating timer of the downtime test: sequence 1 at least once
 /// (its pop record may not have been durable at the kill), then 2..=7
 /// each once, in order; 2..=5 (missed) within `MARGIN` of `/ready`.
+/// The missed pops are sent at once, each on its own callback, so they
+/// may arrive in any order among themselves (a re-sent 1 among them).
 fn check_missed_sequences(rep: &[Pop], ready: Instant) {
     let seqs: Vec<u32> = rep.iter().map(|p| p.sequence).collect();
-    let ones = seqs.iter().take_while(|&&s| s == 1).count();
+    let ones = seqs.iter().filter(|&&s| s == 1).count();
     assert!(
         (1..=2).contains(&ones),
         "sequence 1 once or twice: {seqs:?}"
     );
+    assert_eq!(seqs[0], 1, "sequence 1 popped before the kill: {seqs:?}");
+    let mut rest: Vec<u32> = seqs.iter().copied().filter(|&s| s != 1).collect();
+    rest.sort_unstable();
     assert_eq!(
-        seqs[ones..],
+        rest,
         [2, 3, 4, 5, 6, 7],
-        "each missed sequence once, in order"
+        "each missed sequence once: {seqs:?}"
     );
     for p in rep.iter().filter(|p| (2..=5).contains(&p.sequence)) {
         let late = p.at.saturating_duration_since(ready);
@@ -702,7 +707,7 @@ fn garbage_after_the_end_of_every_log_is_cut_and_nothing_is_lost() {
     let sink = Sink::start(Behaviour::Ok);
     let port = free_port();
     let config = store.config(2, "");
-    let mut node = Node::start_at(LOCAL, port, &config);
+    let (mut node, _) = start_ready(port, &config);
     let ledger = create_some(&node, &sink, "8");
     node.kill9();
     let files = store.wal_files();
@@ -762,7 +767,7 @@ fn a_corrupt_record_in_the_middle_stops_the_start_or_is_skipped() {
     let sink = Sink::start(Behaviour::Ok);
     let port = free_port();
     let config = store.config(1, "");
-    let mut node = Node::start_at(LOCAL, port, &config);
+    let (mut node, _) = start_ready(port, &config);
     let long = "y".repeat(200);
     for i in 0..200 {
         node.create(&timer_body(
@@ -826,7 +831,7 @@ fn a_start_with_fewer_cores_keeps_every_timer_and_its_deletes() {
     let store = Store::new("cores");
     let sink = Sink::start(Behaviour::Ok);
     let port = free_port();
-    let node = Node::start_at(LOCAL, port, &store.config(2, ""));
+    let (node, _) = start_ready(port, &store.config(2, ""));
     let ids = create_each(&node, &sink, "s", 100, "8");
     assert!(node.terminate().success(), "a clean stop");
     let (node, _) = start_ready(port, &store.config(1, ""));
@@ -922,14 +927,15 @@ fn compaction_load(node: &Node, sink: &Sink, store: &Store, due: Instant) -> (Le
 
 /// Item 5, eighth case. 1 MiB segments and compaction from 1 MiB: a load
 /// of several MiB snapshots and deletes covered segments, so the `.wal`
-/// files shrink below their peak; a clean restart then loses nothing.
+/// files hold far less than the log wrote; a clean restart then loses
+/// nothing.
 #[test]
 fn compaction_under_load_shrinks_the_log_and_loses_nothing() {
     let store = Store::new("compact");
     let sink = Sink::start(Behaviour::Ok);
     let port = free_port();
     let config = store.config(2, COMPACT);
-    let node = Node::start_at(LOCAL, port, &config);
+    let (node, _) = start_ready(port, &config);
     let due = Instant::now() + Duration::from_secs(24);
     let (ledger, peak) = compaction_load(&node, &sink, &store, due);
     let written = (ledger.live.len() + ledger.deleted.len()) * 1024;
@@ -937,16 +943,20 @@ fn compaction_under_load_shrinks_the_log_and_loses_nothing() {
         written >= 3 << 20,
         "the load wrote several MiB: {written} bytes of bodies"
     );
+    // Compaction may keep pace with the load (the files never grow past a
+    // few segments), so "smaller" is against what the log has written:
+    // without deletion the `.wal` files would hold all of it.
     wait_until(
-        "a snapshot and a smaller log",
+        "a snapshot and a log smaller than what it wrote",
         Duration::from_secs(20),
         || {
             let snapshots = node.metric("chronos_storage_snapshots_total");
+            let written = node.metric("chronos_storage_bytes_total") as u64;
             let now = store.wal_bytes();
-            match snapshots >= 1.0 && now < peak {
+            match snapshots >= 1.0 && now * 2 < written && now <= peak {
                 true => Ok(()),
                 false => Err(format!(
-                    "{snapshots} snapshots, .wal {now} bytes, peak {peak}"
+                    "{snapshots} snapshots, .wal {now} bytes (peak {peak}), {written} bytes written"
                 )),
             }
         },
@@ -972,6 +982,7 @@ fn a_crash_between_snapshot_and_segment_deletion_loses_nothing() {
     let config = store.config(2, COMPACT);
     let fault = [("CHRONOS_TEST_FAULT", "after-snapshot-rename")];
     let mut node = Node::start_env(LOCAL, port, &config, &fault);
+    node.wait_ready_200(Duration::from_secs(20));
     let due = Instant::now() + Duration::from_secs(20);
     let load = Load {
         creates: 5000,

@@ -196,9 +196,7 @@ async fn snapshot(shard: &Shard, log: &Log, dir: &std::path::Path) -> Result<(),
     let stats = shard.my_stats();
     ShardStats::add(&stats.storage_snapshots, 1);
     let took = started.elapsed();
-    stats
-        .storage_snapshot_duration_ms
-        .store(took.as_millis() as i64, Ordering::Relaxed);
+    stats.record_storage_snapshot(took);
     stats
         .storage_snapshot_unix_ms
         .store(crate::runtime::clock::unix_ms() as i64, Ordering::Relaxed);

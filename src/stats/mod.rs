@@ -85,8 +85,9 @@ macro_rules! counters {
             pub storage_log_bytes: AtomicI64,
             /// `[storage]`: wall-clock ms of the last snapshot (0: none yet).
             pub storage_snapshot_unix_ms: AtomicI64,
-            /// `[storage]`: how long the last snapshot took, in ms.
-            pub storage_snapshot_duration_ms: AtomicI64,
+            /// `[storage]`: snapshot duration histogram.
+            pub storage_snapshot: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
+            pub storage_snapshot_sum_us: AtomicU64,
             /// `[storage]`: the shard is replaying its log (not ready).
             pub recovering: std::sync::atomic::AtomicBool,
         }
@@ -178,6 +179,12 @@ impl ShardStats {
         let us = took.as_micros() as u64;
         self.storage_sync[Self::bucket_of(us)].fetch_add(1, Relaxed);
         self.storage_sync_sum_us.fetch_add(us, Relaxed);
+    }
+
+    pub fn record_storage_snapshot(&self, took: std::time::Duration) {
+        let us = took.as_micros() as u64;
+        self.storage_snapshot[Self::bucket_of(us)].fetch_add(1, Relaxed);
+        self.storage_snapshot_sum_us.fetch_add(us, Relaxed);
     }
 
     pub fn record_pg_batch(&self, took: std::time::Duration) {
@@ -360,12 +367,13 @@ fn storage_metrics(out: &mut String, shards: &[ShardStats]) {
         .min();
     let age = oldest.map_or(-1.0, |ms| (now_ms - ms).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "# HELP chronos_storage_snapshot_age_seconds Age of the oldest shard's last snapshot (-1: none yet).\n# TYPE chronos_storage_snapshot_age_seconds gauge\nchronos_storage_snapshot_age_seconds {age}");
-    let took = shards
-        .iter()
-        .map(|s| s.storage_snapshot_duration_ms.load(Relaxed))
-        .max()
-        .unwrap_or(0);
-    let _ = writeln!(out, "# HELP chronos_storage_snapshot_duration_seconds The longest of the shards' last snapshot durations.\n# TYPE chronos_storage_snapshot_duration_seconds gauge\nchronos_storage_snapshot_duration_seconds {}", took as f64 / 1000.0);
+    histogram(
+        out,
+        shards,
+        "chronos_storage_snapshot_duration_seconds",
+        "Timer log: how long a snapshot took to write (compaction).",
+        |s| (&s.storage_snapshot, &s.storage_snapshot_sum_us),
+    );
 }
 
 type Buckets = [AtomicU64; LATENCY_BUCKETS_MS.len() + 1];

@@ -91,7 +91,9 @@ pub fn recover(dir: &Path, on_corruption: OnCorruption) -> Result<Recovered, Str
         sealed: false,
         on_corruption,
         covers_lsn,
-        last_lsn: covers_lsn.saturating_sub(1),
+        // The segment holding the snapshot's LSN starts before it: its
+        // earlier records are read (the chain) but not applied.
+        last_lsn: 0,
         chain: None,
         out: &mut out,
     };
