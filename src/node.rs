@@ -171,23 +171,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         let shard = shard.clone();
         mesh::serve(receivers, move |msg| on_mesh(&shard, msg));
     }
-    let taken = node.recovered[index].lock().map(|mut r| r.take());
-    match taken.ok().flatten() {
-        Some((dir, recovered)) => {
-            // The server answers (`/ready`: recovering) while the store is
-            // rebuilt; the pop loop starts once it is.
-            let shard = shard.clone();
-            glommio::spawn_local(async move {
-                durable::recover(&shard, dir, recovered).await;
-                shard.my_stats().recovering.store(false, Ordering::Relaxed);
-                shard.gate.spawn(pop_loop(shard.clone()));
-            })
-            .detach();
-        }
-        None => {
-            gate.spawn(pop_loop(shard.clone()));
-        }
-    }
+    start_timers(&shard, &node, index);
     gate.spawn(take_reloads(shard.clone(), node.reloads[index].clone()));
     if index == 0 {
         start_resync(&shard, node.resyncs.clone());
@@ -221,6 +205,29 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
     durable::close(&shard, DRAIN_TIMEOUT).await;
     shard.mesh.close();
     Ok(())
+}
+
+/// Start the pop loop: at once in memory; with `[storage]`, once the
+/// store is rebuilt from the log (the server answers meanwhile, `/ready`
+/// saying "recovering").
+fn start_timers(shard: &Rc<Shard>, node: &NodeShared, index: usize) {
+    let taken = node.recovered[index].lock().map(|mut r| r.take());
+    match taken.ok().flatten() {
+        Some((dir, recovered)) => {
+            // The server answers (`/ready`: recovering) while the store is
+            // rebuilt; the pop loop starts once it is.
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                durable::recover(&shard, dir, recovered).await;
+                shard.my_stats().recovering.store(false, Ordering::Relaxed);
+                shard.gate.spawn(pop_loop(shard.clone()));
+            })
+            .detach();
+        }
+        None => {
+            shard.gate.spawn(pop_loop(shard.clone()));
+        }
+    }
 }
 
 /// `/ready` beyond the shards: the delay queue's Postgres and broker.

@@ -263,8 +263,16 @@ fn sighup_applies_the_cluster_beside_a_timers_change_it_does_not_apply() {
             && l.contains("replica-skew-ms")),
         "{log}"
     );
-    let cluster = node.request("GET", "/cluster", "").text();
-    assert!(cluster.contains(&other), "{cluster}");
+    // Each shard takes the reload from its own channel: the shard that
+    // answers may take it a moment after the logged line.
+    wait_until(
+        "every shard's /cluster names the new node",
+        Duration::from_secs(5),
+        || {
+            let cluster = node.request("GET", "/cluster", "").text();
+            cluster.contains(&other).then_some(()).ok_or(cluster)
+        },
+    );
 }
 
 /// A `CHRONOS_*` value that is not UTF-8 was read as absent: a secret

@@ -107,6 +107,7 @@ fn changes(running: &Resolved, file: &Config, table: &toml::Table) -> Vec<String
     diff("timers", &was.timers, &now.timers, &mut out);
     diff("log", &was.log, &now.log, &mut out);
     diff("sites", &was.sites, &now.sites, &mut out);
+    diff("storage", &was.storage, &now.storage, &mut out);
     match (&was.throttling, &now.throttling) {
         (Some(a), Some(b)) => diff("throttling", a, b, &mut out),
         (None, Some(_)) => out.push("[throttling] added".into()),

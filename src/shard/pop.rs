@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 
 /// Pops taken from the wheel per turn before yielding to other tasks.
 pub const POPS_PER_TURN_MAX: usize = 1024;
+/// How long the pop loop waits before looking again while the timer log
+/// is behind the disk (`[storage] pending-bytes-max`).
+const LOG_BEHIND_WAIT_MS: u64 = 5;
 /// Longest sleep with nothing due (the wheel's deadline may move).
 const IDLE_SLEEP_MS: u64 = 100;
 /// A held pop ([`super::targets`]) goes back into the wheel this far
@@ -248,8 +251,14 @@ pub async fn pop_loop(shard: Rc<Shard>) {
     let pop = &shard.pop;
     while !shard.gate.is_closing() {
         // Backpressure: with every callback slot taken, due timers stay in
-        // the wheel (late, not lost) until a callback finishes.
+        // the wheel (late, not lost) until a callback finishes; with the
+        // timer log behind the disk, until it catches up.
         let room = in_flight_max.saturating_sub(pop.in_flight.get());
+        if shard.log().is_some_and(|l| l.is_behind()) {
+            let wait = glommio::timer::sleep(Duration::from_millis(LOG_BEHIND_WAIT_MS));
+            future::or(wait, shard.gate.closing()).await;
+            continue;
+        }
         if room == 0 {
             pop.blocked.set(true);
             let idle = glommio::timer::sleep(Duration::from_millis(IDLE_SLEEP_MS));

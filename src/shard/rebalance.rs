@@ -134,8 +134,19 @@ async fn run_recorded(shard: &Rc<Shard>, all_views: bool) {
     s.resync_finished.fetch_add(1, Relaxed);
 }
 
+/// How often a resync waiting for the node's recovery looks again.
+const RECOVERY_POLL: Duration = Duration::from_millis(10);
+
 /// Page every other node in turn.
 async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String> {
+    // The log is the first source (`[storage]`): what a resync adds goes
+    // over the recovered store, never under it.
+    while shard.recovering() {
+        if shard.gate.is_closing() {
+            return Err("shutting down".into());
+        }
+        glommio::timer::sleep(RECOVERY_POLL).await;
+    }
     let cluster = shard.cluster();
     let Some(me) = cluster.local.and(cluster.local_peer()) else {
         return Err("this node is leaving: it serves resyncs but runs none".into());

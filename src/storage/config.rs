@@ -1,10 +1,10 @@
 //! `[storage]`: the durable timer log. Its `path` turns it on; without it
 //! a node keeps its timers in memory only (the embedded default).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// When a change is acknowledged.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SyncMode {
     /// A request is answered once its change is on disk (`fdatasync`).
@@ -17,7 +17,7 @@ pub enum SyncMode {
 }
 
 /// What a bad record before the log's tail does at start.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum OnCorruption {
     /// Refuse to start, naming the file and offset.
@@ -27,7 +27,7 @@ pub enum OnCorruption {
     Skip,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct StorageConfig {
     /// The directory of the log (created if missing). Absent: in memory.

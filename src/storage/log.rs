@@ -109,20 +109,38 @@ impl Log {
         lsn
     }
 
-    /// Append a PUT of one incarnation; returns its LSN.
+    /// Append a PUT of one incarnation; returns its LSN. Dropped once the
+    /// log has failed (the timers live on in memory; writes get 503).
     pub fn put<'t>(&self, image: &Image<'_>, tags: impl Iterator<Item = (&'t str, u32)>) -> u64 {
+        if self.stopped() {
+            return self.last_lsn();
+        }
         let lsn = self.next();
         record::put(&mut self.pending.borrow_mut(), lsn, image, tags);
         self.appended();
         lsn
     }
 
-    /// Append a REMOVE; returns its LSN.
+    /// Append a REMOVE; returns its LSN (dropped as `put`).
     pub fn remove(&self, unique: u64) -> u64 {
+        if self.stopped() {
+            return self.last_lsn();
+        }
         let lsn = self.next();
         record::remove(&mut self.pending.borrow_mut(), lsn, unique);
         self.appended();
         lsn
+    }
+
+    /// Failed or closed: appends are dropped (nothing would write them).
+    fn stopped(&self) -> bool {
+        self.closed.get() || self.failed.borrow().is_some()
+    }
+
+    /// Whether the disk is behind: more than `pending-bytes-max` waits to
+    /// be written (the pop loop waits; client writes get 503).
+    pub fn is_behind(&self) -> bool {
+        self.pending.borrow().len() >= self.cfg.pending_bytes_max
     }
 
     fn appended(&self) {
