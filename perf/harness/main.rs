@@ -8,6 +8,8 @@
 //!                    [--callback-to ip:port]   (callbacks to an outside target, e.g. nginx)
 //! chronos-perf queue [--brokers host:port] [--postgres-url URL] [--rate 5000]
 //!                    [--duration-s 10] [--delay-ms 3000] [--partitions 2] [--cores 2] [--name NAME]
+//! chronos-perf soak  [--duration-s 60] [--rate 200] [--seed N] [--cores 1]
+//!                    [--no-storage] [--keep] [--loopback]   (the fault soak: soak.rs)
 //! ```
 //!
 //! Without `--target`/`--brokers` it starts what it needs itself: chronos
@@ -17,6 +19,7 @@
 //! Every run is bounded in time and count.
 
 mod report;
+mod soak;
 
 use report::{svg_cdf, tally, Arrival, Dist, Schedule, Tally};
 use std::collections::HashMap;
@@ -56,7 +59,7 @@ impl Args {
         let mut it = std::env::args().skip(1);
         let mode = it
             .next()
-            .ok_or("usage: chronos-perf http|queue [--flag value ...]")?;
+            .ok_or("usage: chronos-perf http|queue|soak [--flag value ...]")?;
         let mut flags = HashMap::new();
         while let Some(k) = it.next() {
             let name = k
@@ -85,10 +88,13 @@ impl Args {
 
 fn main() {
     EPOCH.get_or_init(Instant::now);
+    if std::env::args().nth(1).as_deref() == Some("soak") {
+        std::process::exit(soak::main(&std::env::args().skip(2).collect::<Vec<_>>()));
+    }
     let result = Args::parse().and_then(|a| match a.mode.as_str() {
         "http" => http_mode(&a),
         "queue" => queue_mode(&a),
-        other => Err(format!("unknown mode {other}; use http or queue")),
+        other => Err(format!("unknown mode {other}; use http, queue or soak")),
     });
     if let Err(e) = result {
         eprintln!("chronos-perf: {e}");
