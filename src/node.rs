@@ -220,6 +220,7 @@ fn start_timers(shard: &Rc<Shard>, node: &NodeShared, index: usize) {
             glommio::spawn_local(async move {
                 durable::recover(&shard, dir, recovered).await;
                 shard.my_stats().recovering.store(false, Ordering::Relaxed);
+                durable::catch_up(&shard).await;
                 shard.gate.spawn(pop_loop(shard.clone()));
             })
             .detach();

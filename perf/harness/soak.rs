@@ -46,7 +46,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: chronos-perf soak [--duration-s 60] [--rate 200] [--seed N] [--cores 1] [--no-storage] [--keep] [--loopback]";
+const USAGE: &str = "usage: chronos-perf soak [--duration-s 60] [--rate 200] [--seed N] [--cores 1] [--no-storage] [--keep] [--loopback] [--no-resize]";
 /// The cluster; a grow adds one node.
 const NODES: usize = 3;
 const NODES_MAX: usize = NODES + 1;
@@ -107,6 +107,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--no-storage" => o.storage = false,
             "--keep" => o.keep = true,
             "--loopback" => o.loopback = true,
+            "--no-resize" => NO_RESIZE.store(true, std::sync::atomic::Ordering::Relaxed),
             "--duration-s" | "--rate" | "--seed" | "--cores" => {
                 let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
                 let bad = || format!("{a} {v:?} is invalid");
@@ -1295,11 +1296,22 @@ struct Acted {
     note: String,
 }
 
+/// `--no-resize`: no grow or shrink faults (CI's run: a delete racing a
+/// membership reload is a known, separate bug, perf/README "Fault soak").
+static NO_RESIZE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn resizing() -> bool {
+    !NO_RESIZE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The first round, from the seed: kill, split, grow and shrink (grow
 /// first) in some order, with the kill of every node among the first
 /// three, so that a 60 s run makes each kind once.
 fn first_round(rng: &mut Rng) -> Vec<Kind> {
     let mut kinds = vec![Kind::Kill, Kind::Split, Kind::Grow, Kind::Shrink];
+    if !resizing() {
+        kinds.truncate(2);
+    }
     for k in (1..kinds.len()).rev() {
         let j = rng.range(0, k as u64) as usize;
         kinds.swap(k, j);
@@ -1332,7 +1344,10 @@ fn nemesis(c: &mut Cluster, rng: &mut Rng, end_us: u64, split_off: &Option<Strin
                 } else {
                     Kind::Grow
                 };
-                rng.pick(&[Kind::Kill, Kind::Split, resize])
+                match resizing() {
+                    true => rng.pick(&[Kind::Kill, Kind::Split, resize]),
+                    false => rng.pick(&[Kind::Kill, Kind::Split]),
+                }
             }
         };
         let fault = fault(c, kind, rng, split_off);
