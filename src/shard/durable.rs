@@ -65,6 +65,10 @@ impl Shard {
         let Some(log) = self.log() else {
             return Ok(());
         };
+        if log.is_closed() {
+            // Shutting down: a change made now is not logged.
+            return Err(OpError::new(503, "shutting down: the timer log is closed"));
+        }
         log.durable(log.last_lsn()).await.map_err(|why| {
             OpError::new(
                 503,

@@ -132,6 +132,11 @@ impl Log {
         lsn
     }
 
+    /// Whether [`Log::close`] was called (changes are no longer logged).
+    pub fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
     /// Failed or closed: appends are dropped (nothing would write them).
     fn stopped(&self) -> bool {
         self.closed.get() || self.failed.borrow().is_some()

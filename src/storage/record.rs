@@ -156,7 +156,7 @@ pub struct Image<'a> {
     pub head: TimerHead,
     pub uri: &'a str,
     pub opaque: &'a str,
-    /// `(name length u8, name, count u32 LE)` repeated.
+    /// `(name length u16 LE, name, count u32 LE)` repeated, validated.
     tags: &'a [u8],
 }
 
@@ -189,17 +189,23 @@ pub fn put<'t>(
     ]);
     assert!(image.uri.len() <= u16::MAX as usize);
     out.extend_from_slice(&(image.uri.len() as u16).to_le_bytes());
+    let tag_count_at = out.len();
     out.extend_from_slice(&[0, 0]);
     out.extend_from_slice(&(image.opaque.len() as u32).to_le_bytes());
     assert_eq!(out.len() - at - HEADER_BYTES, PUT_FIXED_BYTES);
     out.extend_from_slice(image.uri.as_bytes());
     out.extend_from_slice(image.opaque.as_bytes());
+    let mut n = 0u8;
     for (name, count) in tags {
-        let name = &name.as_bytes()[..name.len().min(u8::MAX as usize)];
-        out.push(name.len() as u8);
-        out.extend_from_slice(name);
+        // Whole names, never cut (a cut could split a UTF-8 character);
+        // the codec's limits (256 bytes, 32 tags) are far below these.
+        assert!(name.len() <= u16::MAX as usize && n < u8::MAX);
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&count.to_le_bytes());
+        n += 1;
     }
+    out[tag_count_at] = n;
     finish(out, at);
 }
 
@@ -229,7 +235,7 @@ pub fn image(p: &[u8]) -> Option<Image<'_>> {
     }
     let uri = std::str::from_utf8(&rest[..uri_len]).ok()?;
     let opaque = std::str::from_utf8(&rest[uri_len..uri_len + opaque_len]).ok()?;
-    let tags = trim_tags(&rest[uri_len + opaque_len..])?;
+    let tags = trim_tags(&rest[uri_len + opaque_len..], p[66])?;
     let head = TimerHead {
         id: TimerId {
             unique: u64_at(p, 8),
@@ -256,21 +262,18 @@ pub fn image(p: &[u8]) -> Option<Image<'_>> {
     })
 }
 
-/// The tag bytes without the record's zero padding; `None` if malformed.
-fn trim_tags(mut t: &[u8]) -> Option<&[u8]> {
-    let all = t;
+/// The bytes of `count` tags (without the record's zero padding); `None`
+/// if malformed.
+fn trim_tags(all: &[u8], count: u8) -> Option<&[u8]> {
     let mut used = 0;
-    while let Some(&n) = t.first() {
-        if n == 0 {
-            break; // padding (a tag name is never empty)
-        }
-        let n = n as usize;
-        if t.len() < 1 + n + 4 {
+    for _ in 0..count {
+        let t = &all[used..];
+        let n = u16::from_le_bytes([*t.first()?, *t.get(1)?]) as usize;
+        if t.len() < 2 + n + 4 {
             return None;
         }
-        std::str::from_utf8(&t[1..1 + n]).ok()?;
-        used += 1 + n + 4;
-        t = &t[1 + n + 4..];
+        std::str::from_utf8(&t[2..2 + n]).ok()?;
+        used += 2 + n + 4;
     }
     Some(&all[..used])
 }
@@ -290,10 +293,10 @@ impl<'a> Image<'a> {
     pub fn tags(&self) -> impl Iterator<Item = (&'a str, u32)> + 'a {
         let mut t = self.tags;
         std::iter::from_fn(move || {
-            let n = *t.first()? as usize;
-            let name = std::str::from_utf8(&t[1..1 + n]).unwrap_or("");
-            let count = u32_at(t, 1 + n);
-            t = &t[1 + n + 4..];
+            let n = u16::from_le_bytes([*t.first()?, *t.get(1)?]) as usize;
+            let name = std::str::from_utf8(&t[2..2 + n]).unwrap_or("");
+            let count = u32_at(t, 2 + n);
+            t = &t[2 + n + 4..];
             Some((name, count))
         })
     }
@@ -352,6 +355,26 @@ mod tests {
     }
 
     #[test]
+    fn tag_names_round_trip_whole_at_the_codec_limits() {
+        // 256 bytes ending in a two-byte character, an empty name, 32 tags.
+        let long = format!("{}é", "a".repeat(254));
+        let mut names: Vec<String> = (0..30).map(|i| format!("t{i}")).collect();
+        names.push(long.clone());
+        names.push(String::new());
+        let mut out = Vec::new();
+        let img = Image::new(1, head(5), "http://a/", "");
+        put(&mut out, 1, &img, names.iter().map(|n| (n.as_str(), 3u32)));
+        commit(&mut out, 0, 0);
+        stamp(&mut out, 0, 1);
+        let h = check(&out, 0).expect("put");
+        let got = image(payload(&out, 0, &h)).expect("image");
+        let back: Vec<&str> = got.tags().map(|(n, _)| n).collect();
+        assert_eq!(back.len(), 32);
+        assert_eq!(back[30], long);
+        assert_eq!(back[31], "");
+    }
+
+    #[test]
     fn zeros_garbage_and_flipped_bits_never_validate() {
         let zeros = vec![0u8; BLOCK_BYTES];
         assert!(check(&zeros, 0).is_none());
@@ -378,7 +401,8 @@ mod tests {
         p[64] = 0xff; // uri length beyond the payload
         assert!(image(&p).is_none());
         let mut p = vec![0u8; PUT_FIXED_BYTES + 3];
-        p[PUT_FIXED_BYTES] = 9; // a tag name running past the end
+        p[66] = 1; // one tag,
+        p[PUT_FIXED_BYTES] = 9; // its name running past the end
         assert!(image(&p).is_none());
     }
 }
