@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,7 +22,7 @@ fn dir(name: &str) -> PathBuf {
     d
 }
 
-fn config(d: &PathBuf, cores: usize, more: &str) -> String {
+fn config(d: &Path, cores: usize, more: &str) -> String {
     format!(
         "[runtime]\ncores = {cores}\n[storage]\npath = \"{}\"\n{more}",
         d.display()
