@@ -135,8 +135,11 @@ fn idle_connections_are_closed_after_the_timeout_not_before() {
         let _ = r.read_to_end(&mut rest);
         let idle = idle_from.elapsed();
         assert!(rest.is_empty(), "{name}: unexpected bytes {rest:?}");
+        // The server's idle time starts when it has sent the answer, a
+        // little before this side has read it (CI saw 699.5 ms): 50 ms
+        // of slack for that, not for an early close.
         assert!(
-            idle >= Duration::from_millis(700),
+            idle >= Duration::from_millis(650),
             "{name}: closed after {idle:?}"
         );
         assert!(
