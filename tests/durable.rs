@@ -601,7 +601,7 @@ fn kill9_during_a_create_delete_load_keeps_every_acknowledged_change() {
 /// each pops at once: within `MARGIN` of `/ready` answering 200 (the
 /// issue's 1 s, and 0.5 s for a loaded machine running this file's other
 /// tests; a recovery that waited for anything, or rebased the schedule,
-/// is late by seconds). Each missed sequence pops once, in order.
+/// is late by seconds). Each missed sequence pops once.
 #[test]
 fn timers_due_during_a_downtime_pop_at_once_after_the_start() {
     let store = Store::new("downtime");
