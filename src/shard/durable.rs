@@ -97,7 +97,7 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
                 store.recover(image);
             }
         }
-        glommio::yield_if_needed().await;
+        crate::runtime::bulk::breathe().await;
     }
     let count = images.len();
     drop(images);
@@ -201,7 +201,9 @@ async fn snapshot(shard: &Shard, log: &Log, dir: &std::path::Path) -> Result<(),
             });
         }
         w.write_some().await?;
-        glommio::yield_if_needed().await;
+        // A sleep, not a yield: glommio polls its reactor (due pops'
+        // timers) only when no task is runnable (runtime::bulk).
+        crate::runtime::bulk::breathe().await;
     }
     {
         // Pops in flight: as the log has them, before the pop (written
