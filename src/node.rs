@@ -280,7 +280,7 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
             let applied = shard.apply(head, spec.as_deref(), from_client);
             match shard.log() {
                 // With a log, the answer waits until the change is durable.
-                Some(_) if applied.is_ok() => {
+                Some(log) if applied.is_ok() && log.waits() => {
                     let shard = shard.clone();
                     glommio::spawn_local(async move {
                         let _ = reply.send(Reply::Applied(shard.settle().await));

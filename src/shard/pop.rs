@@ -295,6 +295,7 @@ pub async fn pop_loop(shard: Rc<Shard>) {
 fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
     let stats = shard.my_stats();
     let pop = &shard.pop;
+    let logged = shard.store.borrow().logged();
     let skew = shard.resolved.config.timers.replica_skew_ms;
     for (due_ms, timer) in due.drain(..) {
         if timer.is_tombstone() {
@@ -318,7 +319,6 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
         // callback slower than the interval).
         let mut popped = timer.share();
         popped.sequence += 1;
-        let logged = shard.store.borrow().logged();
         pop.add_dispatched(due_ms, &timer, logged);
         // The store first: the callback's task may ask it at once whether
         // the callback is still wanted.

@@ -109,10 +109,8 @@ impl Store {
         let mut tags = [(0u32, 0u32); TAGS_MAX];
         let n = self.intern_tags(&named[..n], &mut tags);
         let timer = Timer::new(head, image.uri, image.opaque, &tags[..n]);
-        let unique = timer.unique;
-        if self.find_key(unique).is_some() {
-            self.remove_unlogged(unique);
-        }
+        // Replay keeps one incarnation per ID, and recovery fills an empty
+        // store: no ID comes twice (`insert_unlogged` debug-asserts it).
         self.insert_unlogged(clock::unix_to_engine(image.due_unix_ms), timer);
     }
 

@@ -137,6 +137,12 @@ impl Log {
         self.closed.get()
     }
 
+    /// Whether a change is answered only once it is on disk
+    /// (`sync = "batch"`): only then does an answer wait for the flusher.
+    pub fn waits(&self) -> bool {
+        self.cfg.sync == SyncMode::Batch
+    }
+
     /// Failed or closed: appends are dropped (nothing would write them).
     fn stopped(&self) -> bool {
         self.closed.get() || self.failed.borrow().is_some()
@@ -160,7 +166,7 @@ impl Log {
 
     /// Whether more changes may be appended now (the disk keeps up).
     pub fn has_room(&self) -> bool {
-        self.pending.borrow().len() < self.cfg.pending_bytes_max && self.failed.borrow().is_none()
+        !self.is_behind() && self.failed.borrow().is_none()
     }
 
     /// Why the log stopped, if it did.
