@@ -371,13 +371,6 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
         "Queue messages: publish acknowledged minus deadline.",
         |s| (&s.queue_lateness, &s.queue_lateness_sum_us),
     );
-    histogram(
-        out,
-        shards,
-        "chronos_queue_pg_batch_seconds",
-        "Queue: latency of one batched Postgres statement.",
-        |s| (&s.pg_batch, &s.pg_batch_sum_us),
-    );
     queue_stages(out, shards);
     storage_metrics(out, shards);
     let _ = writeln!(out, "# HELP chronos_tag_count Live timers per statistics tag, times the tag's count.\n# TYPE chronos_tag_count gauge");
@@ -425,8 +418,16 @@ fn storage_metrics(out: &mut String, shards: &[ShardStats]) {
 
 type Buckets = [AtomicU64; LATENCY_BUCKETS_MS.len() + 1];
 
-/// `chronos_queue_stage_seconds{stage}`: one histogram per queue stage.
+/// The Postgres statement histogram, and `chronos_queue_stage_seconds{stage}`:
+/// one histogram per queue stage.
 fn queue_stages(out: &mut String, shards: &[ShardStats]) {
+    histogram(
+        out,
+        shards,
+        "chronos_queue_pg_batch_seconds",
+        "Queue: latency of one batched Postgres statement.",
+        |s| (&s.pg_batch, &s.pg_batch_sum_us),
+    );
     let name = "chronos_queue_stage_seconds";
     let _ = writeln!(out, "# HELP {name} Queue: time per stage (see the README's delay queue section).\n# TYPE {name} histogram");
     for (k, stage) in QUEUE_STAGES.iter().enumerate() {
