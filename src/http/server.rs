@@ -343,6 +343,24 @@ impl Input {
 }
 
 impl Input {
+    /// `n` bytes were read (`waited`: the read suspended the task): start
+    /// the head's clock if a request begins, and say whether the task must
+    /// breathe, having run [`BREATHE_AFTER`] since `breath` without
+    /// waiting. The one clock read of a request in steady state.
+    fn arrived(&mut self, n: usize, waited: bool, breath: &mut Instant) -> bool {
+        self.end += n;
+        let now = Instant::now();
+        if self.phase == Phase::Idle {
+            self.phase = Phase::Head;
+            self.phase_since = now;
+        }
+        if waited {
+            *breath = now;
+            return false;
+        }
+        now.saturating_duration_since(*breath) >= BREATHE_AFTER
+    }
+
     /// Make room for one more read: compact, then grow up to `max`.
     /// `false` when the buffer is full (cannot happen for a well-framed
     /// request, since the parser bounds head and body; guarded anyway).
@@ -436,16 +454,7 @@ impl<H: Handler> Server<H> {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            input.end += n;
-            // The one clock read of a request in steady state.
-            let now = Instant::now();
-            if input.phase == Phase::Idle {
-                input.phase = Phase::Head;
-                input.phase_since = now;
-            }
-            if waited {
-                breath = now;
-            } else if now.saturating_duration_since(breath) >= BREATHE_AFTER {
+            if input.arrived(n, waited, &mut breath) {
                 // A peer that keeps the input full (pipelined replication
                 // at a resync's pace) would keep this task runnable, and
                 // the pops of this shard waiting, for glommio's whole
