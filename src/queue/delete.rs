@@ -5,6 +5,7 @@
 
 use super::pg::retry_query;
 use super::{id_bytes, QueueShard};
+use crate::stats::STAGE_DELETE;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -39,6 +40,8 @@ impl QueueShard {
                 all.drain(..n);
             }
             self.stats().record_pg_batch(started.elapsed());
+            self.stats()
+                .record_queue_stage(STAGE_DELETE, started.elapsed());
             let bytes: usize = ids.iter().map(|id| id_bytes(id)).sum();
             self.in_hand.sub(ids.len(), bytes);
             if rows.len() < ids.len() {

@@ -249,6 +249,8 @@ struct Pending {
     /// Sent through the producer of one-message batches, since a batch
     /// holding it was refused for good.
     alone: bool,
+    /// When it was last handed to the producer (the `publish_ack` stage).
+    sent: Instant,
 }
 
 impl Pending {

@@ -335,10 +335,10 @@ impl Shard {
             return None;
         }
         let mut replicas = [0usize; NODES_MAX];
-        let n = cluster.replicas_into(t.unique, t.factor_requested as usize, &mut replicas);
+        let n = cluster.replicas_into(t.unique, t.factor_requested() as usize, &mut replicas);
         let index = replicas[..n].iter().position(|&r| r == q.node)? as u8;
         // A DELETE marked this index (and those above it) as knowing it.
-        (t.view == self.view() || index < t.informed).then_some(index)
+        (t.view == self.view() || index < t.informed()).then_some(index)
     }
 
     /// This shard's part of a page for `q` (its stretches measured).
@@ -397,7 +397,7 @@ impl Shard {
                 .filter(|i| self.listable(&cluster, i, q).is_some())?,
         };
         let mut replicas = [0usize; NODES_MAX];
-        let n = cluster.replicas_into(unique, t.factor_requested as usize, &mut replicas);
+        let n = cluster.replicas_into(unique, t.factor_requested() as usize, &mut replicas);
         let new: Vec<&str> = replicas[..n]
             .iter()
             .map(|&r| cluster.nodes[r].address.as_str())
@@ -564,18 +564,18 @@ impl Shard {
                 .get_mut(unique)
                 .filter(|t| t.view != view && !t.is_tombstone())
             {
-                t.informed = t.informed.min(index);
+                t.set_informed(t.informed().min(index));
                 marked += 1;
                 let mut replicas = [0usize; NODES_MAX];
-                let n = cluster.replicas_into(unique, t.factor_requested as usize, &mut replicas);
+                let n = cluster.replicas_into(unique, t.factor_requested() as usize, &mut replicas);
                 let new_replica = cluster.local.is_some_and(|me| replicas[..n].contains(&me));
-                if t.informed == 0 && !new_replica {
+                if t.informed() == 0 && !new_replica {
                     store.remove(unique);
                 }
             }
             if let Some(i) = store.info_mut(unique) {
-                i.informed = i.informed.min(index);
-                if i.informed == 0 {
+                i.set_informed(i.informed().min(index));
+                if i.informed() == 0 {
                     store.drop_info(unique);
                 }
             }
