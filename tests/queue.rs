@@ -128,6 +128,20 @@ fn relays_key_value_and_headers_at_the_deadline_and_late_ones_at_once() {
     assert_eq!(table_rows(&s.table), 0);
     assert_eq!(node.metric("chronos_queue_late_total"), 5.0);
     assert_eq!(node.metric("chronos_queue_fired_total"), 30.0);
+    // The stage breakdown: per message where a stage is a message's, per
+    // statement where it is a statement's.
+    let stage = |s: &str| {
+        node.metric(&format!(
+            "chronos_queue_stage_seconds_count{{stage=\"{s}\"}}"
+        ))
+    };
+    assert_eq!(stage("inbox"), 35.0);
+    assert_eq!(stage("claimed_late"), 30.0);
+    assert_eq!(stage("fire_late"), 30.0);
+    assert_eq!(stage("publish_ack"), 35.0);
+    for s in ["insert", "stored", "claim", "delete"] {
+        assert!(stage(s) >= 1.0, "no {s} statement timed");
+    }
 }
 
 #[test]

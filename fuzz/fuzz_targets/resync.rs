@@ -2,7 +2,7 @@
 //! `Range`, and the `DELETE /timers/references` body.
 #![no_main]
 use chronos::cluster::Cluster;
-use chronos::shard::resync::{parse_query, parse_references, RANGE_MAX};
+use chronos::shard::resync::{parse_query, parse_references_now, RANGE_MAX};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
         let nodes = ["10.0.0.1:7253".to_string(), "10.0.0.2:7253".to_string()];
         Cluster::new(&nodes[0], &nodes, &[]).unwrap()
     });
-    let _ = parse_references(data);
+    let _ = parse_references_now(data);
     // The first line is the query, the rest the Range header's value.
     let text = String::from_utf8_lossy(data);
     let (query, range) = text.split_once('\n').unwrap_or((&text, ""));

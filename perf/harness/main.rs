@@ -20,6 +20,7 @@
 
 mod report;
 mod soak;
+mod stages;
 
 use report::{svg_cdf, tally, Arrival, Dist, Schedule, Tally};
 use std::collections::HashMap;
@@ -166,7 +167,12 @@ impl Drop for Nodes {
     }
 }
 
+/// The `chronos` binary next to this one, or `CHRONOS_BIN` (e.g. an older
+/// build to compare against in the same run).
 fn chronos_binary() -> std::path::PathBuf {
+    if let Some(bin) = std::env::var_os("CHRONOS_BIN") {
+        return bin.into();
+    }
     let me = std::env::current_exe().expect("current exe");
     me.parent().expect("exe dir").join("chronos")
 }
@@ -807,7 +813,7 @@ fn queue_mode(a: &Args) -> Result<(), String> {
     if rate <= 0.0 || total == 0 || total > 10_000_000 {
         return Err("--rate × --duration-s must be 1..=10,000,000 messages".into());
     }
-    let (_tansu, brokers) = match a.flags.get("brokers") {
+    let (tansu, brokers) = match a.flags.get("brokers") {
         Some(b) => (None, b.clone()),
         None => {
             let port = free_port(1);
@@ -911,6 +917,11 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         .create()
         .map_err(|e| e.to_string())?;
     let mut schedule = Schedule::default();
+    let mut pids = vec![("chronos", nodes.children[0].id())];
+    if let Some(t) = &tansu {
+        pids.push(("tansu", t.0.id()));
+    }
+    let cpu = stages::CpuWindow::start(pids);
     let started = Instant::now();
     for i in 0..total {
         let at = started + Duration::from_secs_f64(i as f64 / rate);
@@ -962,6 +973,7 @@ fn queue_mode(a: &Args) -> Result<(), String> {
     while (arrivals.lock().unwrap().len() as u64) < total && Instant::now() < hard_stop {
         std::thread::sleep(Duration::from_millis(50));
     }
+    let cores_used = cpu.finish();
     // A little longer, for duplicates.
     while unix_us() < last_due + 1_000_000 && Instant::now() < hard_stop {
         std::thread::sleep(Duration::from_millis(50));
@@ -971,6 +983,7 @@ fn queue_mode(a: &Args) -> Result<(), String> {
     let noise = noise.finish();
     // The engine's own view: publish acknowledged minus deadline.
     let engine = scrape(nodes.addrs[0], "chronos_queue_lateness_seconds_bucket");
+    let stage_list = stages::scrape_stages(nodes.addrs[0]);
     drop(nodes);
     let arrivals = arrivals.lock().unwrap().clone();
     let t = tally(&schedule, &arrivals);
@@ -995,6 +1008,15 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         "engine (publish acknowledged - deadline), cumulative: {}",
         buckets.join(" ")
     );
+    stages::print_stages(&stage_list);
+    let used: Vec<String> = cores_used
+        .iter()
+        .map(|(n, c)| format!("{n} {c:.2}"))
+        .collect();
+    println!(
+        "cores used, produce start to last arrival: {}",
+        used.join(", ")
+    );
     let json = serde_json::json!({
         "engine_ack_lateness_buckets": engine.iter().map(|(le, n)| serde_json::json!({"le_s": le, "count": n})).collect::<Vec<_>>(),
         "mode": "queue", "name": name, "unix_ms": unix_us() / 1000, "machine": machine(),
@@ -1003,6 +1025,9 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         "messages": tally_json(&t), "noise_1ms_sleep": ns.json(),
         "lateness_from": "deadline - advance_ms (the intended publish time), measured at the harness's own consumer; arrival - deadline = lateness - advance_ms",
         "advance_ms": advance_ms,
+        "stages": stages::stages_json(&stage_list),
+        "cores_used": cores_used.iter().map(|(n, c)| serde_json::json!({"process": n, "cores": c})).collect::<Vec<_>>(),
+        "chronos_binary": chronos_binary().display().to_string(),
     });
     let svg = svg_cdf(
         &format!("{name}: queue lateness (consumer arrival - (deadline - {advance_ms} ms))"),

@@ -341,15 +341,12 @@ impl Client {
     /// before it is sent.
     pub async fn callback(
         &self,
-        data: &[u8],
-        uri_len: usize,
+        uri: &str,
+        opaque: &[u8],
         key: CallbackKey,
         wait: Option<Duration>,
     ) -> Result<(), RequestError> {
         let unsent = RequestError::unsent;
-        let uri = std::str::from_utf8(&data[..uri_len])
-            .map_err(|_| unsent("callback URI is not UTF-8".to_string()))?;
-        let opaque = &data[uri_len..];
         let target = uri::parse(uri).map_err(unsent)?;
         let mut seq_buf = [0u8; 10];
         let seq = format_u32(&mut seq_buf, key.sequence);

@@ -32,6 +32,9 @@ pub struct Inbound {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     pub headers: HeaderList,
+    /// When the consumer thread polled it (the `inbox` and `stored`
+    /// stages count from here).
+    pub polled: Instant,
     /// Its share of the shard's inbox bytes, given back when this is
     /// dropped (handled, published, skipped: however it ends).
     pub charge: Charge,
@@ -122,7 +125,9 @@ impl QueueShared {
             inbox_bytes: (0..shards).map(|_| Arc::default()).collect(),
             deliveries,
             kafka_up: AtomicBool::new(false),
-            pg_health: Arc::new(super::pg::Health::new(shards)),
+            pg_health: Arc::new(super::pg::Health::new(
+                shards * crate::stats::PG_CONNECTIONS,
+            )),
             stopped: AtomicBool::new(false),
         });
         tracing::info!(target: "chronos::queue", node_id = %shared.node_id, "delay queue node started");
@@ -196,6 +201,7 @@ fn inbound_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Inbound {
         key: m.key().map(<[u8]>::to_vec),
         value: m.payload().map(<[u8]>::to_vec),
         headers,
+        polled: Instant::now(),
         charge: Charge::default(),
     }
 }

@@ -5,6 +5,7 @@
 
 use super::pg::retry_query;
 use super::{id_bytes, QueueShard};
+use crate::stats::STAGE_DELETE;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -30,7 +31,7 @@ impl QueueShard {
             };
             assert!(!ids.is_empty() && ids.len() <= DELETE_BATCH_MAX);
             let started = Instant::now();
-            let Some(rows) = retry_query(&self.pg, |c| &c.delete, &[&ids]).await else {
+            let Some(rows) = retry_query(&self.pg_table, |c| &c.delete, &[&ids]).await else {
                 return;
             };
             {
@@ -39,6 +40,8 @@ impl QueueShard {
                 all.drain(..n);
             }
             self.stats().record_pg_batch(started.elapsed());
+            self.stats()
+                .record_queue_stage(STAGE_DELETE, started.elapsed());
             let bytes: usize = ids.iter().map(|id| id_bytes(id)).sum();
             self.in_hand.sub(ids.len(), bytes);
             if rows.len() < ids.len() {

@@ -13,7 +13,9 @@ use super::pg::{query_input, QueryError};
 use super::{Batch, Inbound, Kind, Pending, QueueShard};
 use crate::runtime::clock;
 use crate::runtime::notify::Notify;
-use crate::stats::{ShardStats, REJECT_INVALID_HEADER, REJECT_UNSTORABLE};
+use crate::stats::{
+    ShardStats, REJECT_INVALID_HEADER, REJECT_UNSTORABLE, STAGE_INBOX, STAGE_INSERT, STAGE_STORED,
+};
 use rdkafka::consumer::Consumer;
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -36,6 +38,8 @@ struct Sorted {
     late: Vec<(String, Inbound, usize)>,
     /// The batch's share of the inbox bytes, given back once it is done.
     charges: Vec<Charge>,
+    /// When its earliest message was polled (`None`: an empty batch).
+    polled: Option<Instant>,
 }
 
 impl QueueShard {
@@ -84,6 +88,10 @@ impl QueueShard {
         if !self.acknowledged(&wait).await {
             return false;
         }
+        if let Some(polled) = sorted.polled {
+            self.stats()
+                .record_queue_stage(STAGE_STORED, polled.elapsed());
+        }
         let topic = &self.cfg().input_topic;
         for (partition, offset) in sorted.last {
             if let Err(e) = self.shared.consumer.store_offset(topic, partition, offset) {
@@ -100,7 +108,10 @@ impl QueueShard {
         let mut s = Sorted::default();
         let now_us = clock::unix_us() as i64;
         let advance_us = self.cfg().timing_advance_ms as i64 * 1000;
+        let taken = Instant::now();
         for mut m in batch.drain(..) {
+            stats.record_queue_stage(STAGE_INBOX, taken.saturating_duration_since(m.polled));
+            s.polled = Some(s.polled.map_or(m.polled, |p| p.min(m.polled)));
             s.charges.push(std::mem::take(&mut m.charge));
             match s.last.iter_mut().find(|(p, _)| *p == m.partition) {
                 Some(entry) => entry.1 = entry.1.max(m.offset),
@@ -150,6 +161,7 @@ impl QueueShard {
         };
         let stats = self.stats();
         stats.record_pg_batch(started.elapsed());
+        stats.record_queue_stage(STAGE_INSERT, started.elapsed());
         ShardStats::add(&stats.queue_enqueued, stored as u64);
         true
     }
@@ -225,6 +237,7 @@ impl QueueShard {
                 headers: m.headers,
                 attempts: 0,
                 alone: false,
+                sent: Instant::now(),
             });
         }
         Some(wait)

@@ -8,6 +8,7 @@ use super::headers::parse_headers_json;
 use super::pg::retry_query;
 use super::{Held, Kind, Pending, QueueShard, CLAIMED_IN_HAND_BATCHES};
 use crate::runtime::clock;
+use crate::stats::{STAGE_CLAIM, STAGE_CLAIMED_LATE, STAGE_FIRE_LATE};
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -46,10 +47,12 @@ impl QueueShard {
             let bytes_max = cfg.claim_batch_bytes_max.min(room) as i64;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [node_id, &horizon, &limit, &bytes_max];
-            let Some(rows) = retry_query(&self.pg, |c| &c.ready, &params).await else {
+            let Some(rows) = retry_query(&self.pg_table, |c| &c.ready, &params).await else {
                 return;
             };
             self.stats().record_pg_batch(started.elapsed());
+            self.stats()
+                .record_queue_stage(STAGE_CLAIM, started.elapsed());
             let claimed = rows.len();
             assert!(claimed as i64 <= limit, "the ready statement has a LIMIT");
             let cut_short = claimed > 0 && claimed_bytes(&rows) >= bytes_max;
@@ -77,6 +80,7 @@ impl QueueShard {
         let now_ms = clock::now_ms();
         let now_unix_us = clock::unix_us() as i64;
         let advance_us = self.cfg().timing_advance_ms as i64 * 1000;
+        let stats = self.stats();
         let mut held = self.held.borrow_mut();
         for row in rows {
             let deadline: SystemTime = row.get(1);
@@ -93,7 +97,10 @@ impl QueueShard {
                 deadline_us,
             };
             self.in_hand.add(1, h.bytes());
-            let wait_us = (deadline_us - advance_us - now_unix_us).max(0) as u64;
+            let ahead_us = deadline_us - advance_us - now_unix_us;
+            let late_us = ahead_us.min(0).unsigned_abs();
+            stats.record_queue_stage(STAGE_CLAIMED_LATE, Duration::from_micros(late_us));
+            let wait_us = ahead_us.max(0) as u64;
             held.insert(now_ms + wait_us.div_ceil(1000), h);
         }
         drop(held);
@@ -101,15 +108,18 @@ impl QueueShard {
     }
 
     pub(super) async fn fire_loop(self: Rc<Self>) {
-        let mut due: Vec<Held> = Vec::with_capacity(FIRE_PER_TURN_MAX);
+        let mut due: Vec<(u64, Held)> = Vec::with_capacity(FIRE_PER_TURN_MAX);
         while !self.gate.is_closing() {
             let now = clock::now_ms();
             let fired = self
                 .held
                 .borrow_mut()
-                .poll(now, FIRE_PER_TURN_MAX, |_, _, h| due.push(h));
+                .poll(now, FIRE_PER_TURN_MAX, |_, at_ms, h| due.push((at_ms, h)));
             assert!(fired <= FIRE_PER_TURN_MAX);
-            for h in due.drain(..) {
+            let stats = self.stats();
+            for (at_ms, h) in due.drain(..) {
+                let late_ms = clock::now_ms().saturating_sub(at_ms);
+                stats.record_queue_stage(STAGE_FIRE_LATE, Duration::from_millis(late_ms));
                 self.publish(Pending {
                     kind: Kind::Held {
                         id: h.id,
@@ -120,6 +130,7 @@ impl QueueShard {
                     headers: h.headers,
                     attempts: 0,
                     alone: false,
+                    sent: Instant::now(),
                 });
             }
             if fired == FIRE_PER_TURN_MAX {

@@ -15,7 +15,7 @@
 
 use super::{id_bytes, Kind, Pending, QueueConfig, QueueShard, CLAIMED_IN_HAND_BATCHES};
 use crate::runtime::clock;
-use crate::stats::{ShardStats, REJECT_UNPUBLISHABLE};
+use crate::stats::{ShardStats, REJECT_UNPUBLISHABLE, STAGE_PUBLISH_ACK};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext};
@@ -164,10 +164,11 @@ impl QueueShard {
 
     fn send(self: &Rc<Self>, token: usize) {
         let outcome = {
-            let pending = self.pending.borrow();
-            let Some(p) = pending.get(&token) else {
+            let mut pending = self.pending.borrow_mut();
+            let Some(p) = pending.get_mut(&token) else {
                 return;
             };
+            p.sent = Instant::now();
             let mut headers = OwnedHeaders::new_with_capacity(p.headers.len());
             for (k, v) in &p.headers {
                 headers = headers.insert(Header {
@@ -307,6 +308,8 @@ impl QueueShard {
             let Some(p) = self.pending.borrow_mut().remove(&d.token) else {
                 continue;
             };
+            self.stats()
+                .record_queue_stage(STAGE_PUBLISH_ACK, p.sent.elapsed());
             self.complete(p, true);
         }
     }

@@ -39,8 +39,15 @@ impl Shard {
     /// the timer; placement caps it at the cluster size of the moment.
     fn factor_requested(&self, spec: &TimerSpec) -> u8 {
         spec.replication_factor
-            .unwrap_or(self.resolved.config.timers.default_replication_factor)
+            .unwrap_or(self.default_factor())
             .max(1)
+    }
+
+    /// `default-replication-factor`, capped as the codec caps a requested
+    /// one (no cluster has more nodes; a timer record keeps 7 bits).
+    fn default_factor(&self) -> u8 {
+        let factor = self.resolved.config.timers.default_replication_factor;
+        factor.min(crate::timer::NODES_MAX as u8)
     }
 
     pub(super) fn placement(&self, unique: u64, factor: usize) -> Placement {
@@ -163,14 +170,14 @@ impl Shard {
             view: self.view(),
             replica_index: 0,
             replication_factor: 1,
-            factor_requested: self.resolved.config.timers.default_replication_factor,
+            factor_requested: self.default_factor(),
             site_index: 0,
             sites: self.resolved.sites.own_list(),
         };
         // The nodes the ID names, and the timer's replicas under the
         // current view: during a rescale a resync may already have placed
         // it there.
-        let factor = self.resolved.config.timers.default_replication_factor;
+        let factor = self.default_factor();
         let named = self.cluster().bloom_matches(id.bloom)
             | self.placement(id.unique, factor as usize).mask();
         let targets = self.without_me(named);
@@ -210,7 +217,7 @@ impl Shard {
     /// is one of them. Never sent on to another site. Deletes and pops
     /// arrive the same way; the conflict rules sort them out.
     pub async fn site_update(&self, id: TimerId, spec: TimerSpec<'_>) -> Result<TimerId, OpError> {
-        let default = self.resolved.config.timers.default_replication_factor;
+        let default = self.default_factor();
         let factor = spec.replication_factor.unwrap_or(default).max(1);
         // A tombstone names no factor worth trusting: reach every replica
         // the default factor would have.
@@ -322,7 +329,7 @@ impl Shard {
             let st = &self.resolved.config.sites;
             late_ms_max = late_ms_max.max(st.site_deliver_within_ms + st.site_timeout_ms);
         }
-        (interval + self.skew_ms() * t.replication_factor.max(1) as u64).max(late_ms_max)
+        (interval + self.skew_ms() * t.replication_factor().max(1) as u64).max(late_ms_max)
     }
 
     /// Store an incarnation (`spec: None` or an empty callback: a tombstone)
@@ -400,7 +407,7 @@ impl Shard {
             return;
         }
         let moved = old.view != self.view() && new.view != old.view;
-        if moved && !old.is_tombstone() && old.informed != 0 {
+        if moved && !old.is_tombstone() && old.informed() != 0 {
             let kept = store.keep_info(old.share());
             ShardStats::add(&self.my_stats().resync_informational, kept as u64);
         }
@@ -441,8 +448,8 @@ impl Shard {
             if let Some(o) = old {
                 timer.interval_ms = o.interval_ms;
                 timer.repeat_for_ms = o.repeat_for_ms;
-                timer.replication_factor = o.replication_factor;
-                timer.factor_requested = o.factor_requested;
+                timer.set_replication_factor(o.replication_factor());
+                timer.set_factor_requested(o.factor_requested());
             }
         }
         let due = old_due.unwrap_or(0).max(clock::now_ms()) + self.tombstone_life_ms(&timer);

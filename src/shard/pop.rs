@@ -413,10 +413,10 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
 
 /// Whether another replica (or site) pops `timer` after this node.
 fn has_later_pop_elsewhere(shard: &Shard, timer: &Timer) -> bool {
-    let later_replica = timer.replica_index as usize + 1 < timer.replication_factor as usize;
+    let later_replica = timer.replica_index() as usize + 1 < timer.replication_factor() as usize;
     let sites = &shard.resolved.sites;
     let later_site =
-        sites.replicating() && Sites::count(timer.sites) > timer.site_index as usize + 1;
+        sites.replicating() && Sites::count(timer.sites) > timer.site_index() as usize + 1;
     (later_replica && shard.has_peers()) || later_site
 }
 
@@ -514,11 +514,10 @@ async fn run_callback(job: PopJob) {
         version,
         sequence,
     };
-    let (data, uri_at, uri_len) = popped.callback_data();
     let started = Instant::now();
     let result = shard
         .client
-        .callback(&data[uri_at..], uri_len, key, wait)
+        .callback(popped.uri(), popped.opaque().as_bytes(), key, wait)
         .await;
     let stats = shard.my_stats();
     stats.record_callback_latency(started.elapsed().as_micros() as u64);

@@ -145,18 +145,18 @@ impl Shard {
         let view = self.view();
         let placed = t.view == view
             && t.bloom == pl.bloom
-            && pl.my_index == Some(t.replica_index)
-            && t.replication_factor as usize == pl.count;
+            && pl.my_index == Some(t.replica_index())
+            && t.replication_factor() as usize == pl.count;
         if placed || t.is_tombstone() {
             return;
         }
         let mut timer = store.remove(unique).expect("just found");
         timer.view = view;
         timer.bloom = pl.bloom;
-        timer.replication_factor = pl.count as u8;
+        timer.set_replication_factor(pl.count as u8);
         let due_ms = match pl.my_index {
             Some(index) => {
-                timer.replica_index = index;
+                timer.set_replica_index(index);
                 timer.next_pop_ms(self.skew_ms())
             }
             None => {
@@ -189,7 +189,7 @@ impl Shard {
         let own = stored.sequence == popped.sequence && (final_pop || !stored.is_tombstone());
         let t = if own { stored } else { popped };
         let unique = t.unique;
-        let pl = self.placement(unique, t.factor_requested as usize);
+        let pl = self.placement(unique, t.factor_requested() as usize);
         let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
         let cluster = self.cluster();
         let (names, n) = pl.names(&cluster);

@@ -12,8 +12,8 @@
 //! listing exactly where the previous page ended (the answer's `cursor`).
 //!
 //! Cost: the first page of a listing scans the shard's store once, in
-//! slices of `SCAN_SLICE` entries, letting the reactor run between them
-//! (pops go on),
+//! slices of `SCAN_SLICE` entries, letting the reactor run at least every
+//! `bulk::STRETCH` (pops go on),
 //! into a *session*: the matching `(due, ID)` keys, sorted. Later pages
 //! binary-search the session and look each key up again, so a listing of
 //! `n` timers costs one scan plus `O(n log n)`, not a scan per page.
@@ -27,6 +27,7 @@ use super::Shard;
 use crate::cluster::replicate::encode_body;
 use crate::cluster::{Cluster, NODES_MAX};
 use crate::http::uri::percent_decode;
+use crate::runtime::bulk::{self, Pacer};
 use crate::runtime::clock;
 use crate::stats::ShardStats;
 use crate::timer::spec::TAGS_MAX;
@@ -43,12 +44,13 @@ pub const RANGE_MAX: usize = 10_000;
 pub const PAGE_BYTES_MAX: usize = 1024 * 1024;
 /// IDs per `DELETE /timers/references`.
 pub const REFERENCES_MAX: usize = 100_000;
-/// Store entries scanned between yields while a session is built.
-pub const SCAN_SLICE: usize = 4096;
+/// Store entries scanned between looks at the clock while a session is
+/// built (a breath follows once `bulk::STRETCH` is used up).
+pub const SCAN_SLICE: usize = 512;
 /// Session keys a page looks at (the ones it skips included).
 pub const EXAMINED_PER_PAGE_MAX: usize = 65_536;
-/// Timers a page encodes between turns of the reactor (about 0.5 ms).
-const BREATHE_EVERY: usize = 256;
+/// IDs of a `DELETE /timers/references` marked per look at the clock.
+const MARK_SLICE: usize = 256;
 /// A session unused this long is dropped.
 pub const SESSION_IDLE_MS: u64 = 60_000;
 
@@ -100,6 +102,22 @@ struct Session {
 /// A shard's resync sessions (at most one per requesting node).
 #[derive(Default)]
 pub struct Sessions(RefCell<Vec<Session>>);
+
+/// Drop the sessions `gone` picks; a session's keys (16 MB for a million
+/// timers) are freed on a thread of their own when no page holds them.
+fn drop_sessions(sessions: &mut Vec<Session>, mut gone: impl FnMut(&Session) -> bool) {
+    let mut i = 0;
+    while i < sessions.len() {
+        if !gone(&sessions[i]) {
+            i += 1;
+            continue;
+        }
+        let session = sessions.swap_remove(i);
+        if let Ok(keys) = Rc::try_unwrap(session.keys) {
+            bulk::drop_aside(keys);
+        }
+    }
+}
 
 /// One shard's part of a page.
 pub struct ShardPage {
@@ -208,7 +226,9 @@ impl Shard {
         let now = clock::now_ms();
         {
             let mut sessions = self.sessions.0.borrow_mut();
-            sessions.retain(|s| now.saturating_sub(s.used_ms) < SESSION_IDLE_MS && s.view == view);
+            drop_sessions(&mut sessions, |s| {
+                now.saturating_sub(s.used_ms) >= SESSION_IDLE_MS || s.view != view
+            });
             let found = sessions
                 .iter_mut()
                 .find(|s| s.node == q.node && s.all_views == q.all_views);
@@ -219,7 +239,9 @@ impl Shard {
         }
         let keys = Rc::new(self.scan_matching(q).await);
         let mut sessions = self.sessions.0.borrow_mut();
-        sessions.retain(|s| s.node != q.node || s.all_views != q.all_views);
+        drop_sessions(&mut sessions, |s| {
+            s.node == q.node && s.all_views == q.all_views
+        });
         assert!(
             sessions.len() < 2 * NODES_MAX,
             "one session per node and kind"
@@ -237,8 +259,11 @@ impl Shard {
     /// Scan the store (and the informational timers) in slices for the
     /// timers `q`'s node is a new replica of, sorted by position.
     async fn scan_matching(&self, q: &Query) -> Vec<Cursor> {
-        let mut keys = Vec::new();
+        // Room for every timer at once: growing by doubling copied up to
+        // 8 MB in one go (the pages are only touched as keys come).
+        let mut keys = Vec::with_capacity(self.store.borrow().len());
         let mut next = Some(0);
+        let mut pacer = Pacer::new();
         while let Some(from) = next {
             let cluster = self.cluster();
             next = self.store.borrow().scan_slice(from, SCAN_SLICE, |due, t| {
@@ -249,42 +274,56 @@ impl Shard {
                     });
                 }
             });
-            crate::runtime::bulk::breathe().await;
+            pacer.tick().await;
         }
-        let info_keys = self.info_keys(q);
+        let info_keys = self.info_keys(q, &mut pacer).await;
         if !info_keys.is_empty() {
             // A tombstone that replaced a live old-view copy after its slice
             // was scanned leaves an informational copy of the same timer:
             // the scan's key for it goes, the informational one stands in.
-            let listed: HashSet<u64> = info_keys.iter().map(|k| k.unique).collect();
-            keys.retain(|k| !listed.contains(&k.unique));
+            let mut listed: HashSet<u64> = HashSet::with_capacity(info_keys.len());
+            for slice in info_keys.chunks(SCAN_SLICE) {
+                listed.extend(slice.iter().map(|k| k.unique));
+                pacer.tick().await;
+            }
+            bulk::retain(&mut keys, &mut pacer, |_, k| !listed.contains(&k.unique)).await;
             keys.extend_from_slice(&info_keys);
         }
         // A million keys take tens of ms to sort: in chunks.
-        let mut keys = crate::runtime::bulk::sort(keys).await;
+        let mut keys = bulk::sort(keys).await;
         // A timer moved within the store between slices is seen twice.
-        keys.dedup();
+        bulk::retain(&mut keys, &mut pacer, |last, k| last != Some(k)).await;
         keys
     }
 
     /// The keys of the informational timers `q`'s node should be told of
-    /// (at most `INFO_MAX` per shard, so one pass without a breath).
-    fn info_keys(&self, q: &Query) -> Vec<Cursor> {
-        let cluster = self.cluster();
-        let store = self.store.borrow();
+    /// (at most `store::INFORMATIONAL_MAX` per shard), looked at in slices of `SCAN_SLICE`
+    /// with a breath once `pacer`'s stretch is used up: 65,536 of them in
+    /// one pass held the shard for 8 ms. A copy gone or replaced between
+    /// slices is skipped, as the store scan skips what it no longer holds.
+    async fn info_keys(&self, q: &Query, pacer: &mut Pacer) -> Vec<Cursor> {
+        // At most INFORMATIONAL_MAX IDs.
+        let ids = self.store.borrow().info_ids();
         let mut keys = Vec::new();
-        for unique in store.info_ids() {
-            // An informational copy stands in only behind a tombstone.
-            if store.get(unique).is_some_and(|(_, w)| !w.is_tombstone()) {
-                continue;
+        for slice in ids.chunks(SCAN_SLICE) {
+            let cluster = self.cluster();
+            {
+                let store = self.store.borrow();
+                for &unique in slice {
+                    // An informational copy stands in only behind a tombstone.
+                    if store.get(unique).is_some_and(|(_, w)| !w.is_tombstone()) {
+                        continue;
+                    }
+                    let Some(t) = store.info(unique) else {
+                        continue;
+                    };
+                    if self.listable(&cluster, t, q).is_some() {
+                        let due_ms = t.next_pop_ms(self.skew_ms());
+                        keys.push(Cursor { due_ms, unique });
+                    }
+                }
             }
-            let Some(t) = store.info(unique) else {
-                continue;
-            };
-            if self.listable(&cluster, t, q).is_some() {
-                let due_ms = t.next_pop_ms(self.skew_ms());
-                keys.push(Cursor { due_ms, unique });
-            }
+            pacer.tick().await;
         }
         keys
     }
@@ -296,15 +335,20 @@ impl Shard {
             return None;
         }
         let mut replicas = [0usize; NODES_MAX];
-        let n = cluster.replicas_into(t.unique, t.factor_requested as usize, &mut replicas);
+        let n = cluster.replicas_into(t.unique, t.factor_requested() as usize, &mut replicas);
         let index = replicas[..n].iter().position(|&r| r == q.node)? as u8;
         // A DELETE marked this index (and those above it) as knowing it.
-        (t.view == self.view() || index < t.informed).then_some(index)
+        (t.view == self.view() || index < t.informed()).then_some(index)
     }
 
-    /// This shard's part of a page for `q`.
+    /// This shard's part of a page for `q` (its stretches measured).
     pub async fn resync_local(self: &Rc<Self>, q: Query) -> ShardPage {
+        bulk::metered(self.resync_part(q)).await
+    }
+
+    async fn resync_part(self: &Rc<Self>, q: Query) -> ShardPage {
         let keys = self.session_keys(&q).await;
+        let mut pacer = Pacer::new();
         let start = match q.cursor {
             Some(c) => keys.partition_point(|k| *k <= c),
             None => keys.partition_point(|k| k.due_ms < q.from_ms),
@@ -327,9 +371,7 @@ impl Shard {
                 bytes += entry.len();
                 entries.push((*key, entry));
             }
-            if examined % BREATHE_EVERY == BREATHE_EVERY - 1 {
-                crate::runtime::bulk::breathe().await;
-            }
+            pacer.tick().await;
         }
         ShardPage {
             entries,
@@ -355,7 +397,7 @@ impl Shard {
                 .filter(|i| self.listable(&cluster, i, q).is_some())?,
         };
         let mut replicas = [0usize; NODES_MAX];
-        let n = cluster.replicas_into(unique, t.factor_requested as usize, &mut replicas);
+        let n = cluster.replicas_into(unique, t.factor_requested() as usize, &mut replicas);
         let new: Vec<&str> = replicas[..n]
             .iter()
             .map(|&r| cluster.nodes[r].address.as_str())
@@ -402,23 +444,31 @@ impl Shard {
                 parts.push(part);
             }
         }
-        let (entries, next) = merge_pages(parts, q.limit);
-        let mut body = String::from("{\"timers\":[");
-        for (i, (_, entry)) in entries.iter().enumerate() {
-            if i > 0 {
-                body.push(',');
-            }
-            body.push_str(entry);
-        }
-        body.push(']');
-        if let Some(c) = next {
-            body.push_str(",\"cursor\":\"");
-            body.push_str(&c.to_text());
-            body.push('"');
-        }
-        body.push('}');
-        (if next.is_some() { 206 } else { 200 }, entries.len(), body)
+        let page = bulk::timed(|| page_body(parts, q.limit));
+        (if page.1 { 206 } else { 200 }, page.0, page.2)
     }
+}
+
+/// The page of `parts`: `(entries, whether more follow, body)`.
+fn page_body(parts: Vec<ShardPage>, limit: usize) -> (usize, bool, String) {
+    let (entries, next) = merge_pages(parts, limit);
+    let bytes: usize = entries.iter().map(|(_, e)| e.len() + 1).sum();
+    let mut body = String::with_capacity(64 + bytes);
+    body.push_str("{\"timers\":[");
+    for (i, (_, entry)) in entries.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(entry);
+    }
+    body.push(']');
+    if let Some(c) = next {
+        body.push_str(",\"cursor\":\"");
+        body.push_str(&c.to_text());
+        body.push('"');
+    }
+    body.push('}');
+    (entries.len(), next.is_some(), body)
 }
 
 /// Merge the shards' parts into one page of at most `limit` entries and
@@ -462,24 +512,34 @@ impl Shard {
     /// Each pair is marked on the shard that owns the ID. `Err` is a 400
     /// reason.
     pub async fn resync_references(&self, body: &[u8]) -> Result<usize, String> {
-        let refs = parse_references(body)?;
+        bulk::metered(self.references(body)).await
+    }
+
+    /// [`Shard::resync_references`], marked in slices of `MARK_SLICE` IDs
+    /// (on other shards too) with a breath once a stretch is used up.
+    async fn references(&self, body: &[u8]) -> Result<usize, String> {
+        let mut pacer = Pacer::new();
+        let refs = parse_references(body, &mut pacer).await?;
         let mut by_shard: Vec<Vec<(u64, u8)>> = vec![Vec::new(); self.shards];
         for (unique, index) in refs {
             by_shard[shard_of(unique, self.shards)].push((unique, index));
         }
         let mut marked = 0;
         for (owner, list) in by_shard.into_iter().enumerate() {
-            if list.is_empty() {
-                continue;
-            }
-            if owner == self.id {
-                marked += self.mark_references(&list);
-            } else if let Some(Reply::Marked(n)) = self
-                .mesh
-                .ask(owner, |reply| MeshMsg::MarkReferences { list, reply })
-                .await
-            {
-                marked += n;
+            for slice in list.chunks(MARK_SLICE) {
+                pacer.tick().await;
+                if owner == self.id {
+                    marked += self.mark_references(slice);
+                    continue;
+                }
+                let list = slice.to_vec();
+                let asked = self
+                    .mesh
+                    .ask(owner, |reply| MeshMsg::MarkReferences { list, reply });
+                if let Some(Reply::Marked(n)) = asked.await {
+                    marked += n;
+                }
+                pacer.restart();
             }
         }
         Ok(marked)
@@ -504,18 +564,18 @@ impl Shard {
                 .get_mut(unique)
                 .filter(|t| t.view != view && !t.is_tombstone())
             {
-                t.informed = t.informed.min(index);
+                t.set_informed(t.informed().min(index));
                 marked += 1;
                 let mut replicas = [0usize; NODES_MAX];
-                let n = cluster.replicas_into(unique, t.factor_requested as usize, &mut replicas);
+                let n = cluster.replicas_into(unique, t.factor_requested() as usize, &mut replicas);
                 let new_replica = cluster.local.is_some_and(|me| replicas[..n].contains(&me));
-                if t.informed == 0 && !new_replica {
+                if t.informed() == 0 && !new_replica {
                     store.remove(unique);
                 }
             }
             if let Some(i) = store.info_mut(unique) {
-                i.informed = i.informed.min(index);
-                if i.informed == 0 {
+                i.set_informed(i.informed().min(index));
+                if i.informed() == 0 {
                     store.drop_info(unique);
                 }
             }
@@ -526,28 +586,43 @@ impl Shard {
     }
 }
 
+/// [`parse_references`] without breaths, for a caller outside an executor
+/// (the fuzz target): the same parse, ready at the first poll.
+pub fn parse_references_now(body: &[u8]) -> Result<Vec<(u64, u8)>, String> {
+    futures_lite::future::block_on(parse_references(body, &mut Pacer::unpaced()))
+}
+
 /// The `(unique ID, ReplicaIndex)` pairs of a `DELETE /timers/references`
-/// body.
-pub fn parse_references(body: &[u8]) -> Result<Vec<(u64, u8)>, String> {
+/// body (up to a few MB): split into entries in slices, each parsed on its
+/// own, with a breath whenever `pacer`'s stretch is used up.
+pub async fn parse_references(body: &[u8], pacer: &mut Pacer) -> Result<Vec<(u64, u8)>, String> {
     #[derive(serde::Deserialize)]
-    struct Body {
+    struct Rest {
         #[serde(rename = "IDs")]
-        ids: Vec<Entry>,
+        ids: Vec<serde::de::IgnoredAny>,
     }
     #[derive(serde::Deserialize)]
-    struct Entry {
-        #[serde(rename = "ID")]
-        id: String,
+    struct Entry<'a> {
+        #[serde(rename = "ID", borrow)]
+        id: std::borrow::Cow<'a, str>,
         #[serde(rename = "ReplicaIndex")]
         replica_index: u32,
     }
-    let parsed: Body = serde_json::from_slice(body)
-        .map_err(|e| format!("expected {{\"IDs\": [{{\"ID\": id, \"ReplicaIndex\": n}}]}}: {e}"))?;
-    if parsed.ids.len() > REFERENCES_MAX {
+    let bad = |e: &dyn std::fmt::Display| {
+        format!("expected {{\"IDs\": [{{\"ID\": id, \"ReplicaIndex\": n}}]}}: {e}")
+    };
+    let (entries, rest) = bulk::parse_array::<Entry>(body, "IDs", pacer)
+        .await
+        .map_err(|e| bad(&e))?;
+    let rest: Rest = serde_json::from_slice(&rest).map_err(|e| bad(&e))?;
+    if !rest.ids.is_empty() {
+        return Err(bad(&"an IDs key spelled with escapes"));
+    }
+    if entries.len() > REFERENCES_MAX {
         return Err(format!("at most {REFERENCES_MAX} IDs per request"));
     }
-    let mut out = Vec::with_capacity(parsed.ids.len());
-    for e in &parsed.ids {
+    let mut out = Vec::with_capacity(entries.len());
+    for e in &entries {
         let id = TimerId::parse(e.id.as_bytes())
             .ok_or_else(|| format!("{:?} is not a timer ID (32 hex digits)", e.id))?;
         if e.replica_index >= NODES_MAX as u32 {
@@ -633,16 +708,37 @@ mod tests {
         }
     }
 
+    fn references(body: &[u8]) -> Result<Vec<(u64, u8)>, String> {
+        let mut pacer = Pacer::new();
+        glommio::LocalExecutor::default().run(parse_references(body, &mut pacer))
+    }
+
     #[test]
     fn references_keep_the_replica_index() {
         let id = "0123456789abcdef0000000000000001";
         let body = format!(r#"{{"IDs":[{{"ID":"{id}","ReplicaIndex":1}}]}}"#);
         assert_eq!(
-            parse_references(body.as_bytes()).unwrap(),
+            references(body.as_bytes()).unwrap(),
             vec![(0x0123456789abcdef, 1)]
         );
+        let spaced = format!(
+            r#" {{ "IDs" : [ {{"ReplicaIndex":0, "ID":"{id}"}} , {{"ID":"{id}","ReplicaIndex":2}} ] }} "#
+        );
+        assert_eq!(
+            references(spaced.as_bytes()).unwrap(),
+            vec![(0x0123456789abcdef, 0), (0x0123456789abcdef, 2)]
+        );
+        assert_eq!(references(br#"{"IDs":[]}"#).unwrap(), vec![]);
         let bad = format!(r#"{{"IDs":[{{"ID":"{id}","ReplicaIndex":64}}]}}"#);
-        assert!(parse_references(bad.as_bytes()).is_err());
-        assert!(parse_references(b"{}").is_err());
+        assert!(references(bad.as_bytes()).is_err());
+        for bad in [
+            &b"{}"[..],
+            b"{\"IDs\":[1]}",
+            b"{\"IDs\":[]",
+            b"[]",
+            b"{\"IDs\":[],\"IDs\":[]}",
+        ] {
+            assert!(references(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
     }
 }

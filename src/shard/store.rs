@@ -506,6 +506,39 @@ mod tests {
     }
 
     #[test]
+    fn timers_share_an_interned_uri_until_the_last_one_goes() {
+        use crate::timer::callback::interned_count;
+        let before = interned_count();
+        let mut s = Store::new(0, 1, 0, 0);
+        for u in 1..=100u64 {
+            let uri = if u % 2 == 0 {
+                "http://even.test/"
+            } else {
+                "http://odd.test/"
+            };
+            s.insert(u, Timer::new(head(u), uri, "o", &[]));
+        }
+        assert_eq!(interned_count(), before + 2, "one entry per distinct URI");
+        let mut out = Vec::new();
+        s.poll(99, usize::MAX, &mut out);
+        assert_eq!(
+            interned_count(),
+            before + 2,
+            "popped timers still hold theirs"
+        );
+        out.clear();
+        assert_eq!(
+            interned_count(),
+            before + 1,
+            "only the last timer's URI is left"
+        );
+        let last = s.remove(100).expect("stored");
+        assert_eq!((last.uri(), last.opaque()), ("http://even.test/", "o"));
+        drop(last);
+        assert_eq!(interned_count(), before);
+    }
+
+    #[test]
     fn informational_timers_are_one_per_id_outside_the_wheel() {
         let mut s = Store::new(0, 1, 0, 0);
         s.insert(5, timer(1));

@@ -30,6 +30,46 @@ pub const REJECT_INVALID_HEADER: usize = 0;
 pub const REJECT_UNSTORABLE: usize = 1;
 pub const REJECT_UNPUBLISHABLE: usize = 2;
 
+/// Postgres connections per shard of the delay queue: the input's
+/// (inserts, durable commits) and the table's (claims, deletes, failure
+/// detection, asynchronous commits).
+pub const PG_CONNECTIONS: usize = 2;
+
+/// The delay queue's stages, timed per message or per statement
+/// (`chronos_queue_stage_seconds{stage}`), so that a run's breakdown can be
+/// read from `/metrics`:
+/// - `inbox`: a message polled by the consumer thread until its shard
+///   takes it into an enqueue batch;
+/// - `insert`: one insert statement (per batch);
+/// - `stored`: a batch's first message polled until its offsets are stored
+///   for commit (inserted, or its late messages acknowledged);
+/// - `claim`: one claim statement (per batch);
+/// - `claimed_late`: per claimed row, how far past its publish time
+///   (deadline - timing advance) it was claimed (0 when ahead of it);
+/// - `fire_late`: per message, its wheel slot's time until the fire task
+///   handed it to the producer;
+/// - `publish_ack`: per publish, handed to the producer until the broker's
+///   acknowledgement was reported to the shard;
+/// - `delete`: one delete statement (per batch).
+pub const QUEUE_STAGES: [&str; 8] = [
+    "inbox",
+    "insert",
+    "stored",
+    "claim",
+    "claimed_late",
+    "fire_late",
+    "publish_ack",
+    "delete",
+];
+pub const STAGE_INBOX: usize = 0;
+pub const STAGE_INSERT: usize = 1;
+pub const STAGE_STORED: usize = 2;
+pub const STAGE_CLAIM: usize = 3;
+pub const STAGE_CLAIMED_LATE: usize = 4;
+pub const STAGE_FIRE_LATE: usize = 5;
+pub const STAGE_PUBLISH_ACK: usize = 6;
+pub const STAGE_DELETE: usize = 7;
+
 macro_rules! counters {
     ($($name:ident: $help:literal,)*) => {
         /// One shard's counters.
@@ -43,8 +83,9 @@ macro_rules! counters {
             pub tombstones: AtomicI64,
             /// The shard is listening (readiness).
             pub up: std::sync::atomic::AtomicBool,
-            /// The shard's Postgres connection works (readiness, with `[queue]`).
-            pub pg_up: std::sync::atomic::AtomicBool,
+            /// Each of the shard's Postgres connections works (readiness,
+            /// with `[queue]`): by [`PG_CONNECTIONS`].
+            pub pg_up: [std::sync::atomic::AtomicBool; PG_CONNECTIONS],
             /// Open HTTP connections.
             pub connections_open: AtomicI64,
             /// Resync state (shard 0's): see [`RESYNC_STATES`].
@@ -75,6 +116,9 @@ macro_rules! counters {
             /// Queue lateness (publish acknowledged minus deadline) histogram.
             pub queue_lateness: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
             pub queue_lateness_sum_us: AtomicU64,
+            /// Queue stage histograms, by [`QUEUE_STAGES`].
+            pub queue_stage: [[AtomicU64; LATENCY_BUCKETS_MS.len() + 1]; QUEUE_STAGES.len()],
+            pub queue_stage_sum_us: [AtomicU64; QUEUE_STAGES.len()],
             /// Postgres statement latency histogram (per batch).
             pub pg_batch: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
             pub pg_batch_sum_us: AtomicU64,
@@ -185,6 +229,14 @@ impl ShardStats {
         let us = took.as_micros() as u64;
         self.storage_snapshot[Self::bucket_of(us)].fetch_add(1, Relaxed);
         self.storage_snapshot_sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// One observation of queue stage `stage` ([`QUEUE_STAGES`]).
+    pub fn record_queue_stage(&self, stage: usize, took: std::time::Duration) {
+        assert!(stage < QUEUE_STAGES.len(), "queue stage {stage}");
+        let us = took.as_micros().min(u64::MAX as u128) as u64;
+        self.queue_stage[stage][Self::bucket_of(us)].fetch_add(1, Relaxed);
+        self.queue_stage_sum_us[stage].fetch_add(us, Relaxed);
     }
 
     pub fn record_pg_batch(&self, took: std::time::Duration) {
@@ -325,13 +377,7 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
         "Queue messages: publish acknowledged minus deadline.",
         |s| (&s.queue_lateness, &s.queue_lateness_sum_us),
     );
-    histogram(
-        out,
-        shards,
-        "chronos_queue_pg_batch_seconds",
-        "Queue: latency of one batched Postgres statement.",
-        |s| (&s.pg_batch, &s.pg_batch_sum_us),
-    );
+    queue_stages(out, shards);
     storage_metrics(out, shards);
     let _ = writeln!(out, "# HELP chronos_tag_count Live timers per statistics tag, times the tag's count.\n# TYPE chronos_tag_count gauge");
     for (tag, value) in tags {
@@ -377,6 +423,45 @@ fn storage_metrics(out: &mut String, shards: &[ShardStats]) {
 }
 
 type Buckets = [AtomicU64; LATENCY_BUCKETS_MS.len() + 1];
+
+/// The Postgres statement histogram, and `chronos_queue_stage_seconds{stage}`:
+/// one histogram per queue stage.
+fn queue_stages(out: &mut String, shards: &[ShardStats]) {
+    histogram(
+        out,
+        shards,
+        "chronos_queue_pg_batch_seconds",
+        "Queue: latency of one batched Postgres statement.",
+        |s| (&s.pg_batch, &s.pg_batch_sum_us),
+    );
+    let name = "chronos_queue_stage_seconds";
+    let _ = writeln!(out, "# HELP {name} Queue: time per stage (see the README's delay queue section).\n# TYPE {name} histogram");
+    for (k, stage) in QUEUE_STAGES.iter().enumerate() {
+        let mut cumulative = 0u64;
+        for i in 0..=LATENCY_BUCKETS_MS.len() {
+            cumulative += shards
+                .iter()
+                .map(|s| s.queue_stage[k][i].load(Relaxed))
+                .sum::<u64>();
+            let le = LATENCY_BUCKETS_MS
+                .get(i)
+                .map_or("+Inf".to_string(), |b| (*b as f64 / 1000.0).to_string());
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{stage=\"{stage}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let sum_us: u64 = shards
+            .iter()
+            .map(|s| s.queue_stage_sum_us[k].load(Relaxed))
+            .sum();
+        let _ = writeln!(
+            out,
+            "{name}_sum{{stage=\"{stage}\"}} {}\n{name}_count{{stage=\"{stage}\"}} {cumulative}",
+            sum_us as f64 / 1e6
+        );
+    }
+}
 
 fn histogram(
     out: &mut String,

@@ -253,6 +253,9 @@ pub fn image(p: &[u8]) -> Option<Image<'_>> {
         factor_requested: p[62],
         site_index: p[63],
     };
+    if !head.fits_record() {
+        return None;
+    }
     Some(Image {
         due_unix_ms: u64_at(p, 0),
         head,

@@ -1,5 +1,6 @@
 //! The timer model: IDs, the JSON codec, and the record a shard keeps.
 
+pub mod callback;
 pub mod id;
 pub mod spec;
 
@@ -13,7 +14,7 @@ pub use spec::TimerSpec;
 /// bloom filter, and replica lists and peer masks are 64 wide.
 pub const NODES_MAX: usize = 64;
 
-use std::rc::Rc;
+use callback::Callback;
 
 /// What identifies and schedules one timer incarnation (everything but its
 /// callback bytes and tags).
@@ -48,11 +49,57 @@ pub struct TimerHead {
 /// `Timer::informed` when no new replica is known to have the timer.
 pub const INFORMED_NONE: u8 = u8::MAX;
 
-thread_local! {
-    static EMPTY: Rc<[u8]> = Rc::from(&[][..]);
+/// Opaque data up to this many bytes is kept inline in the timer record
+/// (longer data, or any tags, go with the URI into an own allocation).
+pub const INLINE_OPAQUE_BYTES: usize = 32;
+/// Fills the inline buffer past the opaque data: never a byte of UTF-8.
+const INLINE_END: u8 = 0xFF;
+
+/// Bit fields of `Timer::roles`: (shift, width) of each.
+const REPLICA_INDEX: (u32, u32) = (0, 6);
+const REPLICATION_FACTOR: (u32, u32) = (6, 7);
+const FACTOR_REQUESTED: (u32, u32) = (13, 7);
+const SITE_INDEX: (u32, u32) = (20, 5);
+const INFORMED: (u32, u32) = (25, 7);
+/// `INFORMED_NONE` in its 7-bit field.
+const INFORMED_NONE_PACKED: u32 = (1 << INFORMED.1) - 1;
+
+fn field_max(field: (u32, u32)) -> u32 {
+    (1 << field.1) - 1
 }
 
-/// One timer as a shard stores it in its wheel.
+fn get(roles: u32, field: (u32, u32)) -> u8 {
+    ((roles >> field.0) & field_max(field)) as u8
+}
+
+fn set(roles: &mut u32, field: (u32, u32), value: u8) {
+    assert!(u32::from(value) <= field_max(field), "fits its bit field");
+    *roles = (*roles & !(field_max(field) << field.0)) | (u32::from(value) << field.0);
+}
+
+impl TimerHead {
+    /// Whether the small fields fit the timer record's bit fields: a
+    /// replica index below `NODES_MAX` (64), factors up to 127, a site
+    /// index up to 31. The codec and placement keep them far lower
+    /// (replica lists of at most 64, factors capped at 64, site lists of at
+    /// most 16); a decoded log record is checked against it.
+    pub fn fits_record(&self) -> bool {
+        u32::from(self.replica_index) <= field_max(REPLICA_INDEX)
+            && u32::from(self.replication_factor) <= field_max(REPLICATION_FACTOR)
+            && u32::from(self.factor_requested) <= field_max(FACTOR_REQUESTED)
+            && u32::from(self.site_index) <= field_max(SITE_INDEX)
+    }
+}
+
+/// One timer as a shard stores it in its wheel: 96 bytes.
+///
+/// | bytes | what |
+/// |---|---|
+/// | 0-31 | `unique`, `bloom`, `start_ms`, `version` (8 each) |
+/// | 32-51 | `interval_ms`, `repeat_for_ms`, `sequence`, `view`, `sites` (4 each) |
+/// | 52-55 | `roles`: replica index (6 bits), replication factor (7), factor requested (7), site index (5), informed (7) |
+/// | 56-63 | `callback`: the interned URI, or an own allocation of tags, URI and opaque data (its non-null pointer is `Option<Timer>`'s niche) |
+/// | 64-95 | the opaque data inline, `0xFF`-filled past its end (unused in the own form) |
 ///
 /// Pop times follow the reference: pop `n` (1-based, the `X-Sequence-Number`)
 /// is due at `start + n * interval + replica_index * skew`, and pops continue
@@ -68,46 +115,38 @@ pub struct Timer {
     pub repeat_for_ms: u32,
     pub sequence: u32,
     pub view: u32,
-    /// Length of the URI inside `data`.
-    uri_len: u16,
-    pub replica_index: u8,
-    pub replication_factor: u8,
-    pub factor_requested: u8,
-    pub site_index: u8,
     pub sites: u32,
-    /// Resync (seed 003): the lowest index in the timer's new replica list
-    /// known to have it (`INFORMED_NONE`: none); every index above it knows
-    /// it too. Only meaningful on a copy held under an older view.
-    pub informed: u8,
-    /// `(tag index, count)` pairs at the front of `data`, 8 bytes each.
-    tag_count: u8,
-    /// Tag pairs, then the callback URI, then the opaque data. Shared with
-    /// in-flight callbacks, so a pop does not copy it.
-    data: Rc<[u8]>,
+    /// The head's small fields and `informed`, packed (see the table).
+    roles: u32,
+    /// Shared with in-flight callbacks and with every timer of the shard
+    /// that calls the same URI.
+    callback: Callback,
+    inline: [u8; INLINE_OPAQUE_BYTES],
 }
 
-/// Bytes of one `(tag index, count)` pair in `Timer::data`.
-const TAG_BYTES: usize = 8;
+const _: () = assert!(std::mem::size_of::<Timer>() == 96);
+const _: () = assert!(std::mem::size_of::<Option<Timer>>() == 96);
 
 impl Timer {
-    /// A new timer record. `uri.len()` must fit `u16` and `tags.len()` `u8`
-    /// (the codec caps both).
+    /// A new timer record. `uri.len()` must fit `u16`, `tags.len()` `u8`
+    /// (the codec caps both) and the head [`TimerHead::fits_record`].
+    /// Allocates nothing when the URI is interned already, the opaque data
+    /// fits inline and there are no tags.
     pub fn new(head: TimerHead, uri: &str, opaque: &str, tags: &[(u32, u32)]) -> Timer {
-        assert!(uri.len() <= u16::MAX as usize);
-        assert!(tags.len() <= u8::MAX as usize);
-        let data = if uri.is_empty() && opaque.is_empty() && tags.is_empty() {
-            EMPTY.with(|e| e.clone())
+        assert!(head.fits_record(), "the codec and placement bound them");
+        let mut inline = [INLINE_END; INLINE_OPAQUE_BYTES];
+        let callback = if tags.is_empty() && opaque.len() <= INLINE_OPAQUE_BYTES {
+            inline[..opaque.len()].copy_from_slice(opaque.as_bytes());
+            Callback::interned(uri)
         } else {
-            let mut data = Vec::with_capacity(tags.len() * TAG_BYTES + uri.len() + opaque.len());
-            for (index, count) in tags {
-                data.extend_from_slice(&index.to_le_bytes());
-                data.extend_from_slice(&count.to_le_bytes());
-            }
-            data.extend_from_slice(uri.as_bytes());
-            data.extend_from_slice(opaque.as_bytes());
-            data.into()
+            Callback::own(tags, uri, opaque)
         };
-        Timer {
+        let mut roles = 0;
+        set(&mut roles, REPLICA_INDEX, head.replica_index);
+        set(&mut roles, REPLICATION_FACTOR, head.replication_factor);
+        set(&mut roles, FACTOR_REQUESTED, head.factor_requested);
+        set(&mut roles, SITE_INDEX, head.site_index);
+        let mut timer = Timer {
             unique: head.id.unique,
             bloom: head.id.bloom,
             start_ms: head.start_ms,
@@ -116,16 +155,13 @@ impl Timer {
             repeat_for_ms: head.repeat_for_ms,
             sequence: head.sequence,
             view: head.view,
-            uri_len: uri.len() as u16,
-            replica_index: head.replica_index,
-            replication_factor: head.replication_factor,
-            factor_requested: head.factor_requested,
-            site_index: head.site_index,
             sites: head.sites,
-            informed: INFORMED_NONE,
-            tag_count: tags.len() as u8,
-            data,
-        }
+            roles,
+            callback,
+            inline,
+        };
+        timer.set_informed(INFORMED_NONE);
+        timer
     }
 
     pub fn head(&self) -> TimerHead {
@@ -137,10 +173,10 @@ impl Timer {
             repeat_for_ms: self.repeat_for_ms,
             sequence: self.sequence,
             view: self.view,
-            replica_index: self.replica_index,
-            replication_factor: self.replication_factor,
-            factor_requested: self.factor_requested,
-            site_index: self.site_index,
+            replica_index: self.replica_index(),
+            replication_factor: self.replication_factor(),
+            factor_requested: self.factor_requested(),
+            site_index: self.site_index(),
             sites: self.sites,
         }
     }
@@ -152,26 +188,82 @@ impl Timer {
         }
     }
 
-    fn uri_start(&self) -> usize {
-        self.tag_count as usize * TAG_BYTES
+    pub fn replica_index(&self) -> u8 {
+        get(self.roles, REPLICA_INDEX)
+    }
+
+    pub fn set_replica_index(&mut self, index: u8) {
+        set(&mut self.roles, REPLICA_INDEX, index);
+    }
+
+    /// Replicas in the list the incarnation was placed with.
+    pub fn replication_factor(&self) -> u8 {
+        get(self.roles, REPLICATION_FACTOR)
+    }
+
+    pub fn set_replication_factor(&mut self, factor: u8) {
+        set(&mut self.roles, REPLICATION_FACTOR, factor);
+    }
+
+    /// The factor the client asked for.
+    pub fn factor_requested(&self) -> u8 {
+        get(self.roles, FACTOR_REQUESTED)
+    }
+
+    pub fn set_factor_requested(&mut self, factor: u8) {
+        set(&mut self.roles, FACTOR_REQUESTED, factor);
+    }
+
+    /// This node's site's place in the timer's site list.
+    pub fn site_index(&self) -> u8 {
+        get(self.roles, SITE_INDEX)
+    }
+
+    /// Resync (seed 003): the lowest index in the timer's new replica list
+    /// known to have it (`INFORMED_NONE`: none); every index above it knows
+    /// it too. Only meaningful on a copy held under an older view.
+    pub fn informed(&self) -> u8 {
+        match u32::from(get(self.roles, INFORMED)) {
+            INFORMED_NONE_PACKED => INFORMED_NONE,
+            i => i as u8,
+        }
+    }
+
+    /// Set `informed`: a replica list index (below `NODES_MAX`) or
+    /// `INFORMED_NONE`.
+    pub fn set_informed(&mut self, index: u8) {
+        let packed = if index == INFORMED_NONE {
+            INFORMED_NONE_PACKED as u8
+        } else {
+            assert!((index as usize) < NODES_MAX, "a replica list index");
+            index
+        };
+        set(&mut self.roles, INFORMED, packed);
     }
 
     /// The callback URI (empty for a tombstone).
     pub fn uri(&self) -> &str {
-        let a = self.uri_start();
-        std::str::from_utf8(&self.data[a..a + self.uri_len as usize]).expect("stored from a str")
+        self.callback.uri()
     }
 
     /// The opaque data.
     pub fn opaque(&self) -> &str {
-        let a = self.uri_start() + self.uri_len as usize;
-        std::str::from_utf8(&self.data[a..]).expect("stored from a str")
+        if self.callback.is_own() {
+            return self.callback.opaque();
+        }
+        let len = self
+            .inline
+            .iter()
+            .position(|&b| b == INLINE_END)
+            .unwrap_or(INLINE_OPAQUE_BYTES);
+        std::str::from_utf8(&self.inline[..len]).expect("stored from a str")
     }
 
     /// `(tag index, count)` pairs.
     pub fn tags(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.data[..self.uri_start()]
-            .chunks_exact(TAG_BYTES)
+        self.callback
+            .tag_bytes()
+            .chunks_exact(callback::TAG_BYTES)
             .map(|c| {
                 let index = u32::from_le_bytes(c[..4].try_into().expect("4 bytes"));
                 let count = u32::from_le_bytes(c[4..].try_into().expect("4 bytes"));
@@ -180,17 +272,11 @@ impl Timer {
     }
 
     pub fn has_tags(&self) -> bool {
-        self.tag_count > 0
-    }
-
-    /// The shared callback bytes: the data, where the URI starts, its length.
-    /// The opaque data follows the URI to the end.
-    pub fn callback_data(&self) -> (Rc<[u8]>, usize, usize) {
-        (self.data.clone(), self.uri_start(), self.uri_len as usize)
+        !self.callback.tag_bytes().is_empty()
     }
 
     pub fn is_tombstone(&self) -> bool {
-        self.uri_len == 0
+        self.callback.uri_len() == 0
     }
 
     /// This incarnation as a tombstone (same identity, no callback).
@@ -198,10 +284,11 @@ impl Timer {
         Timer::new(self.head(), "", "", &[])
     }
 
-    /// A copy sharing the callback bytes (an informational timer, seed 003).
+    /// A copy sharing the callback bytes (an informational timer, seed 003;
+    /// a pop's callback).
     pub fn share(&self) -> Timer {
         Timer {
-            data: self.data.clone(),
+            callback: self.callback.clone(),
             ..*self
         }
     }
@@ -218,10 +305,10 @@ impl Timer {
     /// one skew after the one before it, and each site (GR) a whole
     /// replica list of skews after the one before it.
     pub fn next_pop_ms(&self, replica_skew_ms: u64) -> u64 {
-        let site_skew_ms = self.site_index as u64 * self.factor_requested.max(1) as u64;
+        let site_skew_ms = self.site_index() as u64 * self.factor_requested().max(1) as u64;
         self.start_ms
             + (self.sequence as u64 + 1) * self.interval_ms as u64
-            + (self.replica_index as u64 + site_skew_ms) * replica_skew_ms
+            + (self.replica_index() as u64 + site_skew_ms) * replica_skew_ms
     }
 }
 
@@ -258,12 +345,66 @@ mod tests {
         assert_eq!(t.uri(), "http://a/b");
         assert_eq!(t.opaque(), "xyz");
         assert_eq!(t.tags().collect::<Vec<_>>(), vec![(3, 4), (7, 1)]);
-        let (data, at, len) = t.callback_data();
-        assert_eq!(&data[at..at + len], b"http://a/b");
-        assert_eq!(&data[at + len..], b"xyz");
         let tomb = t.to_tombstone();
         assert!(tomb.is_tombstone() && !tomb.has_tags());
         assert_eq!(tomb.opaque(), "");
+        assert_eq!(tomb.head().id, t.id());
+    }
+
+    #[test]
+    fn opaque_data_inline_up_to_the_buffer_then_own() {
+        let before = callback::interned_count();
+        let fits = "é".repeat(INLINE_OPAQUE_BYTES / 2);
+        let long = "x".repeat(INLINE_OPAQUE_BYTES + 1);
+        for opaque in ["", "o", fits.as_str(), long.as_str()] {
+            let t = Timer::new(head(1, 10, 10, 0), "http://inline.test/", opaque, &[]);
+            assert_eq!((t.uri(), t.opaque()), ("http://inline.test/", opaque));
+            assert!(!t.has_tags() && !t.is_tombstone());
+            let shared = t.share();
+            assert_eq!((shared.uri(), shared.opaque()), (t.uri(), opaque));
+        }
+        let a = Timer::new(head(1, 10, 10, 0), "http://inline.test/", "a", &[]);
+        let b = Timer::new(head(2, 10, 10, 0), "http://inline.test/", "b", &[]);
+        assert_eq!(callback::interned_count(), before + 1, "one shared URI");
+        assert_eq!((a.opaque(), b.opaque()), ("a", "b"));
+        drop((a, b));
+        assert_eq!(
+            callback::interned_count(),
+            before,
+            "freed with the last timer"
+        );
+    }
+
+    #[test]
+    fn small_fields_round_trip_through_the_roles() {
+        let mut h = head(9, 10, 10, 63);
+        h.replication_factor = 64;
+        h.factor_requested = 127;
+        h.site_index = 16;
+        let mut t = Timer::new(h, "http://a/", "", &[]);
+        let back = t.head();
+        assert_eq!(
+            (
+                back.replica_index,
+                back.replication_factor,
+                back.factor_requested,
+                back.site_index
+            ),
+            (63, 64, 127, 16)
+        );
+        assert_eq!(t.informed(), INFORMED_NONE);
+        t.set_informed(0);
+        assert_eq!(t.informed(), 0);
+        t.set_informed(63);
+        assert_eq!((t.informed(), t.replica_index()), (63, 63));
+        t.set_replication_factor(3);
+        t.set_replica_index(2);
+        assert_eq!(
+            (t.replication_factor(), t.replica_index(), t.site_index()),
+            (3, 2, 16)
+        );
+        h.replica_index = 64;
+        assert!(!h.fits_record());
     }
 
     #[test]
@@ -296,8 +437,9 @@ mod tests {
 
     #[test]
     fn record_size_is_compact() {
-        // Budget: the whole wheel entry (timer + links) stays well under 128 bytes.
+        // Budget: the timer record (with 32 B of opaque data inline) and
+        // the whole wheel entry (timer + due + links) stay within 112 bytes.
         let entry = crate::wheel::Wheel::<Timer>::entry_size();
-        assert!(entry <= 96, "wheel entry is {entry} bytes");
+        assert!(entry <= 112, "wheel entry is {entry} bytes");
     }
 }
