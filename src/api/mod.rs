@@ -93,6 +93,10 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             _ => not_allowed(out, "DELETE", close),
         },
         "/ping" => match req.method {
+            Method::Get if !close => {
+                out.extend_from_slice(crate::http::PING_OK);
+                200
+            }
             Method::Get => text(out, 200, "OK", close),
             Method::Head => text(out, 200, "", close),
             _ => not_allowed(out, "GET, HEAD", close),

@@ -330,16 +330,37 @@ enum Phase {
 }
 
 impl Input {
-    /// Enter `phase` (its clock starts now unless it is the current one).
+    /// Enter `phase` (its clock starts now unless it is the current one;
+    /// `Idle` has no deadline and reads no clock).
     fn enter(&mut self, phase: Phase) {
         if phase != self.phase {
             self.phase = phase;
-            self.phase_since = Instant::now();
+            if phase != Phase::Idle {
+                self.phase_since = Instant::now();
+            }
         }
     }
 }
 
 impl Input {
+    /// `n` bytes were read (`waited`: the read suspended the task): start
+    /// the head's clock if a request begins, and say whether the task must
+    /// breathe, having run [`BREATHE_AFTER`] since `breath` without
+    /// waiting. The one clock read of a request in steady state.
+    fn arrived(&mut self, n: usize, waited: bool, breath: &mut Instant) -> bool {
+        self.end += n;
+        let now = Instant::now();
+        if self.phase == Phase::Idle {
+            self.phase = Phase::Head;
+            self.phase_since = now;
+        }
+        if waited {
+            *breath = now;
+            return false;
+        }
+        now.saturating_duration_since(*breath) >= BREATHE_AFTER
+    }
+
     /// Make room for one more read: compact, then grow up to `max`.
     /// `false` when the buffer is full (cannot happen for a well-framed
     /// request, since the parser bounds head and body; guarded anyway).
@@ -397,6 +418,8 @@ impl<H: Handler> Server<H> {
         };
         // At most OUT_BYTES_MAX plus one response (`answer_buffered`).
         let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+        // Since when this task has run without waiting (a read that had to
+        // wait lets the other tasks and the reactor run).
         let mut breath = Instant::now();
         loop {
             let answered = self.answer_buffered(&mut input, &mut out).await;
@@ -411,14 +434,10 @@ impl<H: Handler> Server<H> {
             if answered == Answered::Close {
                 return;
             }
-            // A peer that keeps the input full (pipelined replication at a
-            // resync's pace) would keep this task runnable, and the pops
-            // of this shard waiting, for glommio's whole 100 ms quantum.
-            if breath.elapsed() >= BREATHE_AFTER {
+            if answered == Answered::Paused {
+                // Ran for BREATHE_AFTER (or filled OUT_BYTES_MAX).
                 crate::runtime::bulk::breathe().await;
                 breath = Instant::now();
-            }
-            if answered == Answered::Paused {
                 continue;
             }
             if !input.make_room() {
@@ -426,18 +445,22 @@ impl<H: Handler> Server<H> {
                 let _ = stream.write_all(&out).await;
                 return;
             }
-            let Some(read) = self.read_within(&mut stream, &mut input).await else {
+            let (read, waited) = self.read_within(&mut stream, &mut input).await;
+            let Some(read) = read else {
                 self.timed_out(&mut stream, input.phase, &mut out).await;
                 return;
             };
-            match read {
+            let n = match read {
                 Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    if input.phase == Phase::Idle {
-                        input.enter(Phase::Head);
-                    }
-                    input.end += n;
-                }
+                Ok(n) => n,
+            };
+            if input.arrived(n, waited, &mut breath) {
+                // A peer that keeps the input full (pipelined replication
+                // at a resync's pace) would keep this task runnable, and
+                // the pops of this shard waiting, for glommio's whole
+                // 100 ms quantum.
+                crate::runtime::bulk::breathe().await;
+                breath = Instant::now();
             }
             if self.gate.is_closing() && input.start == input.end {
                 return;
@@ -457,30 +480,39 @@ impl<H: Handler> Server<H> {
         let _ = stream.write_all(out).await;
     }
 
-    /// One read, within the current request's deadline (`None`: past it).
+    /// One read, within the current request's deadline (`None`: past it),
+    /// and whether it had to wait (the task was suspended).
     async fn read_within<C: Conn>(
         &self,
         stream: &mut C,
         input: &mut Input,
-    ) -> Option<io::Result<usize>> {
+    ) -> (Option<io::Result<usize>>, bool) {
         let limit = match input.phase {
             Phase::Idle => None,
             Phase::Head => Some(self.limits.header_timeout),
             Phase::Body => Some(self.limits.body_timeout),
         };
-        let read = stream.read(&mut input.buf[input.end..]);
+        let mut read = std::pin::pin!(stream.read(&mut input.buf[input.end..]));
+        let mut waited = false;
+        let read = std::future::poll_fn(|cx| {
+            let polled = read.as_mut().poll(cx);
+            waited |= polled.is_pending();
+            polled
+        });
         let Some(limit) = limit else {
-            return Some(read.await);
+            let got = read.await;
+            return (Some(got), waited);
         };
         let left = (input.phase_since + limit).saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return None;
+            return (None, waited);
         }
-        future::or(async { Some(read.await) }, async {
+        let got = future::or(async { Some(read.await) }, async {
             glommio::timer::sleep(left).await;
             None
         })
-        .await
+        .await;
+        (got, waited)
     }
 
     /// Answer the complete (pipelined) requests in `input` into `out`,
