@@ -309,6 +309,19 @@ fn scale_up_one_to_two_then_kill_the_original() {
     resync_cli(&second);
     second.wait_replication_settled(Duration::from_secs(5));
     assert_eq!(live(&second), TIMERS as f64, "node 2 holds every timer");
+    // The bulk work of both sides (pages served, pages applied) was
+    // measured in stretches between breaths (`GET /cluster`).
+    for node in [&first, &second] {
+        let r = cluster_json(node)["resync"].clone();
+        let counts: Vec<u64> = serde_json::from_value(r["stretch-counts"].clone()).unwrap();
+        let bounds: Vec<u64> = serde_json::from_value(r["stretch-us-bounds"].clone()).unwrap();
+        assert_eq!(counts.len(), bounds.len() + 1, "{r}");
+        assert!(counts.iter().sum::<u64>() > 0, "stretches counted: {r}");
+        assert!(
+            r["stretch-us-max"].is_u64() && r["stretch-wall-us-max"].is_u64(),
+            "{r}"
+        );
+    }
     first.kill9();
     assert_popped_once(&sink, created, &[&second]);
 }

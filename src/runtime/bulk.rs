@@ -170,10 +170,11 @@ pub async fn sort<T: Ord + Copy + Default + Send + 'static>(mut v: Vec<T>) -> Ve
         run.sort_unstable();
         pacer.tick().await;
     }
-    // The buffer is filled in slices too: 16 MB written in one go is ms.
+    // The buffer is filled in slices too: 16 MB written in one go is ms,
+    // and even 1 MB (256 page faults) took 0.7 ms on a loaded machine.
     let mut buf = Vec::with_capacity(n);
     while buf.len() < n {
-        buf.resize((buf.len() + 16 * CHUNK).min(n), T::default());
+        buf.resize((buf.len() + CHUNK).min(n), T::default());
         pacer.tick().await;
     }
     let mut width = CHUNK;

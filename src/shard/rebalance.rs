@@ -258,6 +258,9 @@ impl Run<'_> {
             let headers: [(&str, &[u8]); 1] = [("Range", range.as_bytes())];
             let body = self.fetch(node, "GET", &path, &headers, b"").await?;
             let received_ms = clock::now_ms();
+            // The fetch's last poll read the end of the page: a breath
+            // before the parse starts its own stretch.
+            bulk::breathe().await;
             let mut pacer = Pacer::new();
             let (entries, next) = parse_page(&body, &mut pacer).await?;
             let mut refs = Vec::with_capacity(entries.len());
@@ -273,6 +276,7 @@ impl Run<'_> {
                     }
                 }
             }
+            pacer.tick().await;
             self.tell_leaving(&refs).await;
             match next {
                 Some(next) if Some(&next) != cursor.as_ref() => cursor = Some(next),
@@ -399,7 +403,9 @@ impl Run<'_> {
     /// leaving node (one that does not answer is skipped for the rest of
     /// the run).
     async fn tell_leaving(&mut self, refs: &[(TimerId, u8)]) {
-        if refs.is_empty() {
+        // No body to build when no node is leaving (a join, as here
+        // usually): 1,000 IDs encoded for nobody cost a fifth of a ms.
+        if refs.is_empty() || self.cluster.leaving.is_empty() {
             return;
         }
         let mut body = String::with_capacity(16 + refs.len() * 64);

@@ -276,12 +276,16 @@ impl Shard {
             });
             pacer.tick().await;
         }
-        let info_keys = self.info_keys(q);
+        let info_keys = self.info_keys(q, &mut pacer).await;
         if !info_keys.is_empty() {
             // A tombstone that replaced a live old-view copy after its slice
             // was scanned leaves an informational copy of the same timer:
             // the scan's key for it goes, the informational one stands in.
-            let listed: HashSet<u64> = info_keys.iter().map(|k| k.unique).collect();
+            let mut listed: HashSet<u64> = HashSet::with_capacity(info_keys.len());
+            for slice in info_keys.chunks(SCAN_SLICE) {
+                listed.extend(slice.iter().map(|k| k.unique));
+                pacer.tick().await;
+            }
             bulk::retain(&mut keys, &mut pacer, |_, k| !listed.contains(&k.unique)).await;
             keys.extend_from_slice(&info_keys);
         }
@@ -293,23 +297,33 @@ impl Shard {
     }
 
     /// The keys of the informational timers `q`'s node should be told of
-    /// (at most `INFO_MAX` per shard, so one pass without a breath).
-    fn info_keys(&self, q: &Query) -> Vec<Cursor> {
-        let cluster = self.cluster();
-        let store = self.store.borrow();
+    /// (at most `store::INFORMATIONAL_MAX` per shard), looked at in slices of `SCAN_SLICE`
+    /// with a breath once `pacer`'s stretch is used up: 65,536 of them in
+    /// one pass held the shard for 8 ms. A copy gone or replaced between
+    /// slices is skipped, as the store scan skips what it no longer holds.
+    async fn info_keys(&self, q: &Query, pacer: &mut Pacer) -> Vec<Cursor> {
+        // At most INFORMATIONAL_MAX IDs.
+        let ids = self.store.borrow().info_ids();
         let mut keys = Vec::new();
-        for unique in store.info_ids() {
-            // An informational copy stands in only behind a tombstone.
-            if store.get(unique).is_some_and(|(_, w)| !w.is_tombstone()) {
-                continue;
+        for slice in ids.chunks(SCAN_SLICE) {
+            let cluster = self.cluster();
+            {
+                let store = self.store.borrow();
+                for &unique in slice {
+                    // An informational copy stands in only behind a tombstone.
+                    if store.get(unique).is_some_and(|(_, w)| !w.is_tombstone()) {
+                        continue;
+                    }
+                    let Some(t) = store.info(unique) else {
+                        continue;
+                    };
+                    if self.listable(&cluster, t, q).is_some() {
+                        let due_ms = t.next_pop_ms(self.skew_ms());
+                        keys.push(Cursor { due_ms, unique });
+                    }
+                }
             }
-            let Some(t) = store.info(unique) else {
-                continue;
-            };
-            if self.listable(&cluster, t, q).is_some() {
-                let due_ms = t.next_pop_ms(self.skew_ms());
-                keys.push(Cursor { due_ms, unique });
-            }
+            pacer.tick().await;
         }
         keys
     }
