@@ -141,15 +141,10 @@ impl Conn for GlommioConn {
     fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a {
         AsyncWriteExt::write_all(&mut self.0, data)
     }
-    fn write_buf<'a>(
-        &'a mut self,
-        data: &'a mut Vec<u8>,
-    ) -> impl Future<Output = io::Result<()>> + 'a {
-        async move {
-            let written = AsyncWriteExt::write_all(&mut self.0, data).await;
-            data.clear();
-            written
-        }
+    async fn write_buf<'a>(&'a mut self, data: &'a mut Vec<u8>) -> io::Result<()> {
+        let written = AsyncWriteExt::write_all(&mut self.0, data).await;
+        data.clear();
+        written
     }
     fn peer_ip(&self) -> Option<IpAddr> {
         self.0.peer_addr().ok().map(|a| a.ip())
