@@ -125,7 +125,9 @@ impl QueueShared {
             inbox_bytes: (0..shards).map(|_| Arc::default()).collect(),
             deliveries,
             kafka_up: AtomicBool::new(false),
-            pg_health: Arc::new(super::pg::Health::new(shards)),
+            pg_health: Arc::new(super::pg::Health::new(
+                shards * crate::stats::PG_CONNECTIONS,
+            )),
             stopped: AtomicBool::new(false),
         });
         tracing::info!(target: "chronos::queue", node_id = %shared.node_id, "delay queue node started");

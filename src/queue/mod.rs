@@ -18,7 +18,8 @@
 //!   message, for a message whose batch was refused); their delivery
 //!   callback routes each acknowledgement back to the shard that sent the
 //!   message (`producer.rs`);
-//! - per shard: one Postgres connection (`pg.rs`) and tasks that hold the
+//! - per shard: two Postgres connections (`pg.rs`: the input's, with
+//!   durable commits; the table's, with asynchronous ones) and tasks that hold the
 //!   shard's gate: enqueue (`enqueue.rs`), claim and fire (`fire.rs`),
 //!   delivery and delete (`producer.rs`, `delete.rs`); shard 0 also runs
 //!   failure detection (`failure.rs`). The header codec is `headers.rs`,
@@ -61,7 +62,7 @@ use crate::runtime::notify::Notify;
 use crate::stats::ShardStats;
 use crate::wheel::Wheel;
 use headers::HeaderList;
-use pg::Pg;
+use pg::{Pg, Role};
 use producer::{Delivery, DeliveryRouter};
 use rdkafka::consumer::{BaseConsumer, DefaultConsumerContext};
 use rdkafka::producer::ThreadedProducer;
@@ -169,7 +170,7 @@ impl QueueShared {
         let mut missing = Vec::new();
         let pg_down = stats
             .iter()
-            .filter(|s| !s.pg_up.load(Ordering::Relaxed))
+            .filter(|s| s.pg_up.iter().any(|up| !up.load(Ordering::Relaxed)))
             .count();
         if pg_down > 0 {
             missing.push(format!(
@@ -272,7 +273,11 @@ pub struct QueueShard {
     shard: usize,
     stats: Arc<[ShardStats]>,
     gate: Rc<Gate>,
+    /// Inserts and the late messages' look-up ([`pg::Role::Input`]).
     pub pg: Pg,
+    /// Claims, deletes, the refresh and failure detection
+    /// ([`pg::Role::Table`]).
+    pub pg_table: Pg,
     held: RefCell<Wheel<Held>>,
     held_wake: Notify,
     pending: RefCell<HashMap<usize, Pending>>,
@@ -299,7 +304,8 @@ impl QueueShard {
     pub fn start(shared: Arc<QueueShared>, shard: usize, stats: Arc<[ShardStats]>, gate: Rc<Gate>) {
         assert!(shard < shared.inboxes.len(), "shard {shard} has an inbox");
         let q = Rc::new(QueueShard {
-            pg: Pg::new(&shared, stats.clone(), shard, gate.clone()),
+            pg: Pg::new(&shared, stats.clone(), (shard, Role::Input), gate.clone()),
+            pg_table: Pg::new(&shared, stats.clone(), (shard, Role::Table), gate.clone()),
             shared,
             shard,
             stats,
@@ -318,7 +324,7 @@ impl QueueShard {
         gate.spawn(async move {
             // Connects (creating the table and indexes if missing) before
             // anything else runs.
-            if q.pg.get().await.is_none() {
+            if q.pg.get().await.is_none() || q.pg_table.get().await.is_none() {
                 return;
             }
             let gate = q.gate.clone();

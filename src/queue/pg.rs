@@ -1,6 +1,17 @@
-//! One Postgres connection per shard, driven on the shard's own executor:
+//! Two Postgres connections per shard, driven on the shard's own executor:
 //! `tokio-postgres` over a glommio socket (through the futures→tokio I/O
-//! compat adapter and `connect_raw`; no tokio runtime).
+//! compat adapter and `connect_raw`; no tokio runtime). [`Role::Input`]
+//! carries the inserts (and the late messages' look-up), each committed
+//! durably before the input offsets are stored; [`Role::Table`] carries
+//! the statements over rows already stored: claims, deletes, the liveness
+//! refresh and failure detection, with `synchronous_commit = off`. Postgres
+//! runs one connection's statements one after another, each with its own
+//! commit: on one connection a claim waited behind an insert and its
+//! fdatasync, and an insert behind a claim and a delete (perf/README,
+//! issue 22). A table statement's commit lost in a Postgres crash (the
+//! last few hundred ms of them) only undoes a claim, a delete or a
+//! refresh: the row is claimed again or reset by failure detection, and
+//! published again, a duplicate as at-least-once allows, never a loss.
 //!
 //! Every statement is prepared once per connection and works on a batch
 //! (`UNNEST` arrays, `= ANY($1)`). A failed connection is dropped and
@@ -20,6 +31,7 @@
 use super::QueueShared;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
+use crate::stats::PG_CONNECTIONS;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -42,8 +54,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Keepalive probes before the kernel gives the connection up.
 const KEEPALIVE_PROBES: u32 = 3;
 
-/// Per-shard Postgres health, shared with the consumer thread: the Unix ms
-/// of the first failure since the last success (0: usable).
+/// What a shard's connection carries (see the module's doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Input = 0,
+    Table = 1,
+}
+
+/// Per-connection Postgres health (slot `shard * PG_CONNECTIONS + role`),
+/// shared with the consumer thread: the Unix ms of the first failure since
+/// the last success (0: usable).
 pub struct Health {
     since_ms: Box<[AtomicU64]>,
 }
@@ -55,13 +75,14 @@ impl Health {
         }
     }
 
-    fn set(&self, shard: usize, since_ms: u64) {
-        if let Some(s) = self.since_ms.get(shard) {
+    fn set(&self, slot: usize, since_ms: u64) {
+        if let Some(s) = self.since_ms.get(slot) {
             s.store(since_ms, Ordering::Relaxed);
         }
     }
 
-    /// How long the longest-failing shard has been unusable (0: none is).
+    /// How long the longest-failing connection has been unusable (0: none
+    /// is).
     pub fn stalled_ms(&self) -> u64 {
         let now = clock::unix_ms();
         self.since_ms
@@ -143,6 +164,7 @@ pub struct Pg {
     /// The same for the consumer thread, with the time.
     health: Arc<Health>,
     shard: usize,
+    role: Role,
     /// Postgres's `statement_timeout`, ms.
     statement_timeout_ms: u64,
     /// A statement or handshake not answered within this is given up.
@@ -180,7 +202,7 @@ impl Pg {
     pub fn new(
         q: &QueueShared,
         stats: std::sync::Arc<[crate::stats::ShardStats]>,
-        shard: usize,
+        (shard, role): (usize, Role),
         gate: Rc<Gate>,
     ) -> Pg {
         assert!(shard < stats.len(), "shard {shard} has no stats");
@@ -188,6 +210,7 @@ impl Pg {
         Pg {
             stats,
             shard,
+            role,
             gate,
             health: q.pg_health.clone(),
             config: cfg.postgres_url.parse().expect("validated at config load"),
@@ -203,7 +226,12 @@ impl Pg {
     }
 
     fn set_up(&self, up: bool) {
-        self.stats[self.shard].pg_up.store(up, Ordering::Relaxed);
+        self.stats[self.shard].pg_up[self.role as usize].store(up, Ordering::Relaxed);
+    }
+
+    /// This connection's slot in [`Health`].
+    fn slot(&self) -> usize {
+        self.shard * PG_CONNECTIONS + self.role as usize
     }
 
     /// A working connection, waiting (with backoff) until there is one.
@@ -285,7 +313,7 @@ impl Pg {
             tracing::info!(target: "chronos::queue", "Postgres usable again after {:?}", since.elapsed());
             self.last_log.set(None);
         }
-        self.health.set(self.shard, 0);
+        self.health.set(self.slot(), 0);
         self.set_up(true);
     }
 
@@ -298,7 +326,7 @@ impl Pg {
             self.failing_since.set(Some(at));
             let ago = now.saturating_duration_since(at).as_millis() as u64;
             self.health
-                .set(self.shard, clock::unix_ms().saturating_sub(ago).max(1));
+                .set(self.slot(), clock::unix_ms().saturating_sub(ago).max(1));
         }
         let due = self
             .last_log
@@ -306,7 +334,7 @@ impl Pg {
             .is_none_or(|t| now.duration_since(t) >= LOG_EVERY);
         if due {
             self.last_log.set(Some(now));
-            tracing::warn!(target: "chronos::queue", shard = self.shard, "Postgres unavailable, retrying with backoff: {e}");
+            tracing::warn!(target: "chronos::queue", shard = self.shard, connection = ?self.role, "Postgres unavailable, retrying with backoff: {e}");
         }
     }
 }
@@ -341,8 +369,13 @@ impl Pg {
         ));
         // Idempotent; two shards racing on the catalog retry via backoff.
         let t = &self.table;
+        // The table's statements commit asynchronously (module doc).
+        let commit = match self.role {
+            Role::Input => "",
+            Role::Table => "SET synchronous_commit = off;\n",
+        };
         let setup = format!(
-            "SET statement_timeout = {};\n{}",
+            "SET statement_timeout = {};\n{commit}{}",
             self.statement_timeout_ms,
             schema(t)
         );

@@ -30,6 +30,11 @@ pub const REJECT_INVALID_HEADER: usize = 0;
 pub const REJECT_UNSTORABLE: usize = 1;
 pub const REJECT_UNPUBLISHABLE: usize = 2;
 
+/// Postgres connections per shard of the delay queue: the input's
+/// (inserts, durable commits) and the table's (claims, deletes, failure
+/// detection, asynchronous commits).
+pub const PG_CONNECTIONS: usize = 2;
+
 /// The delay queue's stages, timed per message or per statement
 /// (`chronos_queue_stage_seconds{stage}`), so that a run's breakdown can be
 /// read from `/metrics`:
@@ -78,8 +83,9 @@ macro_rules! counters {
             pub tombstones: AtomicI64,
             /// The shard is listening (readiness).
             pub up: std::sync::atomic::AtomicBool,
-            /// The shard's Postgres connection works (readiness, with `[queue]`).
-            pub pg_up: std::sync::atomic::AtomicBool,
+            /// Each of the shard's Postgres connections works (readiness,
+            /// with `[queue]`): by [`PG_CONNECTIONS`].
+            pub pg_up: [std::sync::atomic::AtomicBool; PG_CONNECTIONS],
             /// Open HTTP connections.
             pub connections_open: AtomicI64,
             /// Resync state (shard 0's): see [`RESYNC_STATES`].
