@@ -388,7 +388,11 @@ fn timer_result(out: &mut Vec<u8>, result: Result<TimerId, OpError>, close: bool
             let mut location = [0u8; 8 + 32];
             location[..8].copy_from_slice(b"/timers/");
             location[8..].copy_from_slice(&id.to_hex());
-            write_response(out, 200, &[("Location", &location)], b"", close);
+            if close {
+                write_response(out, 200, &[("Location", &location)], b"", close);
+            } else {
+                crate::http::write_ok_location(out, &location);
+            }
             200
         }
         Err(e) => error(out, e.status, &e.reason, close),

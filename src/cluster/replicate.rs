@@ -318,6 +318,8 @@ struct Peer {
     /// Bytes of the encoded requests queued.
     queued_bytes: Cell<usize>,
     spare: RefCell<Vec<Vec<u8>>>,
+    /// Segments' message lists kept for reuse (emptied), as `spare`.
+    spare_messages: RefCell<Vec<Vec<Message>>>,
     wake: Notify,
     running: Cell<bool>,
     /// No longer a peer (a reload dropped it): its sender stops once the
@@ -340,6 +342,7 @@ impl Peer {
             queued: Cell::new(0),
             queued_bytes: Cell::new(0),
             spare: RefCell::new(Vec::new()),
+            spare_messages: RefCell::new(Vec::new()),
             wake: Notify::default(),
             running: Cell::new(false),
             retired: Cell::new(false),
@@ -523,10 +526,12 @@ impl Replicator {
                 .borrow_mut()
                 .pop()
                 .unwrap_or_else(|| Vec::with_capacity(64 * 1024));
-            segments.push_back(Segment {
-                bytes,
-                messages: Vec::with_capacity(BATCH_MAX),
-            });
+            let messages = p
+                .spare_messages
+                .borrow_mut()
+                .pop()
+                .unwrap_or_else(|| Vec::with_capacity(BATCH_MAX));
+            segments.push_back(Segment { bytes, messages });
         }
         let seg = segments.back_mut().expect("just ensured");
         let out = &mut seg.bytes;
@@ -584,6 +589,8 @@ impl Sender {
     async fn run(self) {
         let peer = &self.peer;
         let mut backoff_ms = 0u64;
+        // Reused for every segment (at most `BATCH_MAX` statuses).
+        let mut statuses = Vec::with_capacity(BATCH_MAX);
         loop {
             let next = peer.segments.borrow_mut().pop_front();
             let Some(mut seg) = next else {
@@ -609,7 +616,7 @@ impl Sender {
             self.give_up_expired(&mut seg);
             if seg.count() > 0 {
                 seg.restamp(clock::now_ms());
-                let mut statuses = Vec::with_capacity(seg.count());
+                statuses.clear();
                 backoff_ms = self.deliver(&seg, backoff_ms, &mut statuses).await;
                 self.requeue_unanswered(&seg, &statuses);
             }
@@ -619,6 +626,10 @@ impl Sender {
                 let mut spare = peer.spare.borrow_mut();
                 if spare.len() < SPARE_SEGMENTS_MAX && seg.bytes.capacity() <= 1 << 20 {
                     spare.push(seg.bytes);
+                }
+                let mut spare = peer.spare_messages.borrow_mut();
+                if spare.len() < SPARE_SEGMENTS_MAX && seg.messages.capacity() <= BATCH_MAX {
+                    spare.push(seg.messages);
                 }
             }
             if backoff_ms > 0 && !self.gate.is_closing() {

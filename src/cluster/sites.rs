@@ -32,6 +32,22 @@ pub struct RemoteSite {
     pub socket: SocketAddr,
 }
 
+/// The names of a packed site list ([`Sites::names`]): at most
+/// [`SITES_MAX`], held inline.
+#[derive(Clone, Copy, Debug)]
+pub struct SiteNames<'a> {
+    names: [&'a str; SITES_MAX],
+    len: usize,
+}
+
+impl<'a> std::ops::Deref for SiteNames<'a> {
+    type Target = [&'a str];
+
+    fn deref(&self) -> &[&'a str] {
+        &self.names[..self.len]
+    }
+}
+
 /// The site table: `[sites]` resolved.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sites {
@@ -121,9 +137,23 @@ impl Sites {
         }
     }
 
-    /// The names of a packed list.
-    pub fn names(&self, list: u32) -> Vec<&str> {
-        unpack(list).map(|i| self.name(i)).collect()
+    /// The names of a packed list, in a fixed array (no allocation: this
+    /// runs on every replication send).
+    pub fn names(&self, list: u32) -> SiteNames<'_> {
+        let mut names = SiteNames {
+            names: [""; SITES_MAX],
+            len: 0,
+        };
+        for i in unpack(list).take(SITES_MAX) {
+            names.names[names.len] = self.name(i);
+            names.len += 1;
+        }
+        names
+    }
+
+    /// How many sites a packed list names.
+    pub fn count(list: u32) -> usize {
+        unpack(list).count()
     }
 
     /// The list after a successful pop (reference behaviour): sites no
@@ -132,9 +162,9 @@ impl Sites {
         if list == SITES_NONE {
             return self.own_list();
         }
-        let kept: Vec<usize> = unpack(list).collect();
-        let added = (0..=self.remote.len()).filter(|i| !kept.contains(i));
-        pack(kept.iter().copied().chain(added).map(Some))
+        let kept = |i: usize| unpack(list).any(|k| k == i);
+        let added = (0..=self.remote.len()).filter(|&i| !kept(i));
+        pack(unpack(list).chain(added).map(Some))
     }
 
     /// This site's place in a packed list (`None`: not in it).
@@ -275,16 +305,16 @@ mod tests {
     fn lists_pack_refresh_and_place() {
         let s = three();
         let own = s.own_list();
-        assert_eq!(s.names(own), vec!["a", "b", "c"]);
+        assert_eq!(*s.names(own), ["a", "b", "c"]);
         assert_eq!(Sites::local_position(own), Some(0));
         // Created at site c, which knew a and an unknown site d.
         let theirs = s.pack_names(["c", "d", "a"].into_iter());
-        assert_eq!(s.names(theirs), vec!["c", "a"]);
+        assert_eq!(*s.names(theirs), ["c", "a"]);
         assert_eq!(Sites::local_position(theirs), Some(1));
         // After a pop: known order kept, the missing site b appended.
-        assert_eq!(s.names(s.refreshed(theirs)), vec!["c", "a", "b"]);
+        assert_eq!(*s.names(s.refreshed(theirs)), ["c", "a", "b"]);
         assert_eq!(Sites::remote_in(theirs).collect::<Vec<_>>(), vec![2]);
         assert_eq!(s.pack_names(["x"].into_iter()), SITES_NONE);
-        assert_eq!(s.names(SITES_NONE), Vec::<&str>::new());
+        assert!(s.names(SITES_NONE).is_empty());
     }
 }

@@ -16,6 +16,7 @@
 use super::permits::{Permit, Permits};
 use super::{format_u32, uri};
 use crate::runtime::notify::Notify;
+use crate::runtime::sleep::sleep;
 use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use std::cell::{Cell, RefCell};
@@ -39,8 +40,11 @@ const NAME_TTL: Duration = Duration::from_secs(30);
 /// Largest response head and body read.
 pub const RESPONSE_HEAD_MAX: usize = 16 * 1024;
 pub const RESPONSE_BODY_MAX: usize = 4 * 1024 * 1024;
-/// Buffers kept for reuse.
+/// Buffers (and queued-request records) kept for reuse.
 const SPARE_BUFFERS_MAX: usize = 256;
+/// Lane batch vectors and batch buffers kept for reuse (one per lane or
+/// pipelined batch running at once; each buffer at most 1 MiB).
+const SPARE_BATCHES_MAX: usize = 64;
 const READ_CHUNK: usize = 16 * 1024;
 /// The first read of a response.
 const FIRST_READ: usize = 1024;
@@ -114,7 +118,8 @@ pub struct CallbackKey {
 /// owns the timers; without one, every callback is).
 pub type Wanted = Box<dyn Fn(&CallbackKey) -> bool>;
 
-/// A request queued for its target's lanes.
+/// A request queued for its target's lanes. Kept for reuse once its
+/// caller is done with it ([`Client::give_job`]).
 struct Job {
     request: RefCell<Vec<u8>>,
     key: Option<CallbackKey>,
@@ -276,13 +281,23 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
+/// A lane's batch of jobs and their statuses.
+type LaneVecs = (Vec<Rc<Job>>, Vec<u16>);
+
 pub struct Client {
     timeout: Duration,
     connect_timeout: Duration,
     per_host_max: usize,
     pools: RefCell<HashMap<SocketAddr, Rc<HostPool>>>,
-    names: RefCell<HashMap<String, (SocketAddr, Instant)>>,
+    /// Host name → the port it was resolved with, its address, when.
+    names: RefCell<HashMap<String, (u16, SocketAddr, Instant)>>,
     spare: RefCell<Vec<Vec<u8>>>,
+    /// Queued requests no caller holds, kept for reuse.
+    spare_jobs: RefCell<Vec<Rc<Job>>>,
+    /// Batch buffers kept for reuse ([`Client::take_batch_buffer`]).
+    spare_batch_buffers: RefCell<Vec<Vec<u8>>>,
+    /// A lane's batch and its statuses, kept for reuse (emptied).
+    spare_batches: RefCell<Vec<LaneVecs>>,
     /// Asked by lanes before a callback is sent.
     wanted: RefCell<Option<Wanted>>,
 }
@@ -307,6 +322,9 @@ impl Client {
             pools: RefCell::new(HashMap::new()),
             names: RefCell::new(HashMap::new()),
             spare: RefCell::new(Vec::new()),
+            spare_jobs: RefCell::new(Vec::new()),
+            spare_batches: RefCell::new(Vec::new()),
+            spare_batch_buffers: RefCell::new(Vec::new()),
             wanted: RefCell::new(None),
         }
     }
@@ -389,37 +407,79 @@ impl Client {
             r.headers,
             r.body,
         );
-        let job = Rc::new(Job::new(request, Some(key)));
+        let job = self.take_job(request, Some(key));
         pool.jobs.borrow_mut().push_back(job.clone());
         pool.queued.set(pool.queued.get() + 1);
-        let _withdraw = Withdraw(&job, &pool);
+        let result = {
+            let _withdraw = Withdraw(&job, &pool);
+            self.await_turn(&pool, addr, &job, wait_until).await
+        };
+        self.give_job(job);
+        result.map_err(|e| match e {
+            Some(failure) => RequestError::of(failure),
+            None => RequestError {
+                waited_out: true,
+                ..unsent(format!(
+                    "no connection to {addr} free within {} ms",
+                    wait.unwrap_or_default().as_millis()
+                ))
+            },
+        })
+    }
+
+    /// Wait until `job` has its status: run lanes while this caller holds
+    /// a permit, or let one serve it. `Err(None)`: `wait_until` passed
+    /// before a lane took it.
+    async fn await_turn(
+        &self,
+        pool: &HostPool,
+        addr: SocketAddr,
+        job: &Rc<Job>,
+        wait_until: Option<Instant>,
+    ) -> Result<u16, Option<Failure>> {
         loop {
             let result = job.result.borrow_mut().take();
             if let Some(result) = result {
                 self.give_buffer(job.request.take());
-                return result.map_err(RequestError::of);
+                return result.map_err(Some);
             }
             if job.taken.get() {
                 job.done.wait().await;
                 continue;
             }
-            match self.lane_or_served(&pool, &job, wait_until).await {
+            match self.lane_or_served(pool, job, wait_until).await {
                 Turn::Lane(permit) => {
-                    self.run_lane(&pool, addr, &job).await;
+                    self.run_lane(pool, addr, job).await;
                     drop(permit);
                 }
                 Turn::Served => {}
                 Turn::WaitedOut if job.taken.get() => {}
-                Turn::WaitedOut => {
-                    return Err(RequestError {
-                        waited_out: true,
-                        ..unsent(format!(
-                            "no connection to {addr} free within {} ms",
-                            wait.unwrap_or_default().as_millis()
-                        ))
-                    })
-                }
+                Turn::WaitedOut => return Err(None),
             }
+        }
+    }
+
+    /// A queued request for `request`: a spare job, or a new one.
+    fn take_job(&self, request: Vec<u8>, key: Option<CallbackKey>) -> Rc<Job> {
+        let spare = self.spare_jobs.borrow_mut().pop();
+        match spare {
+            Some(mut job) => {
+                let fresh = Rc::get_mut(&mut job).expect("a spare job has no other holder");
+                *fresh = Job::new(request, key);
+                job
+            }
+            None => Rc::new(Job::new(request, key)),
+        }
+    }
+
+    /// Keep `job` for reuse if no queue or lane holds it any more.
+    fn give_job(&self, mut job: Rc<Job>) {
+        if Rc::get_mut(&mut job).is_none() {
+            return;
+        }
+        let mut spare = self.spare_jobs.borrow_mut();
+        if spare.len() < SPARE_BUFFERS_MAX {
+            spare.push(job);
         }
     }
 
@@ -438,7 +498,7 @@ impl Client {
         };
         let deadline = async {
             match wait_until {
-                Some(t) => glommio::timer::sleep(t.saturating_duration_since(Instant::now())).await,
+                Some(t) => sleep(t.saturating_duration_since(Instant::now())).await,
                 None => future::pending::<()>().await,
             }
             Turn::WaitedOut
@@ -449,13 +509,21 @@ impl Client {
     /// Send one pipelined batch for the target, `own` first (see
     /// `send_queued`), handing each job its status or the failure.
     async fn run_lane(&self, pool: &HostPool, addr: SocketAddr, own: &Rc<Job>) {
-        let mut batch: Vec<Rc<Job>> = Vec::with_capacity(pool.batch_limit.get());
+        let spare = self.spare_batches.borrow_mut().pop();
+        let (mut batch, mut statuses) = spare.unwrap_or_else(|| {
+            let n = LANE_BATCH_MAX;
+            (Vec::with_capacity(n), Vec::with_capacity(n))
+        });
+        assert!(
+            batch.is_empty() && statuses.is_empty(),
+            "spare batches are empty"
+        );
         take_jobs(pool, own, &self.wanted.borrow(), &mut batch);
         if batch.is_empty() {
+            self.give_batch(batch, statuses);
             return;
         }
-        let mut bytes = self.take_buffer();
-        let mut statuses = Vec::with_capacity(batch.len());
+        let mut bytes = self.take_batch_buffer();
         for job in &batch {
             bytes.extend_from_slice(&job.request.borrow());
         }
@@ -474,7 +542,18 @@ impl Client {
             *job.result.borrow_mut() = Some(outcome);
             job.done.notify();
         }
-        self.give_buffer(bytes);
+        self.give_batch_buffer(bytes);
+        self.give_batch(batch, statuses);
+    }
+
+    /// Keep a lane's (emptied) batch vectors for the next lane.
+    fn give_batch(&self, mut batch: Vec<Rc<Job>>, mut statuses: Vec<u16>) {
+        batch.clear();
+        statuses.clear();
+        let mut spare = self.spare_batches.borrow_mut();
+        if spare.len() < SPARE_BATCHES_MAX {
+            spare.push((batch, statuses));
+        }
     }
 
     /// Size the target's next batches so that one is answered well within
@@ -541,12 +620,13 @@ impl Client {
         let mut out = self.take_buffer();
         build_request(&mut out, r.method, r.path, r.authority, r.headers, r.body);
         let (head_only, want_body) = (r.method == "HEAD", r.want_body);
+        let mut received = self.take_batch_buffer();
         let work = async {
             // A pooled connection may have been closed by the peer: one retry
             // on a fresh connection when nothing at all came back.
             for attempt in 0..2 {
                 let (mut stream, reused) = self.take_connection(&pool, addr, deadline).await?;
-                match exchange(&mut stream, &out, head_only, want_body).await {
+                match exchange(&mut stream, &out, head_only, want_body, &mut received).await {
                     Ok((response, keep)) => {
                         if keep {
                             pool.give_back(stream);
@@ -561,6 +641,7 @@ impl Client {
         };
         let result = future::or(work, self.expire(deadline)).await;
         self.give_buffer(out);
+        self.give_batch_buffer(received);
         pool.failed_at.set(result.is_err().then(Instant::now));
         result.map_err(RequestError::sent)
     }
@@ -584,10 +665,11 @@ impl Client {
         statuses.clear();
         let pool = self.pool(addr);
         let deadline = Instant::now() + timeout;
+        let mut received = self.take_batch_buffer();
         let work = async {
             for attempt in 0..2 {
                 let (mut stream, reused) = self.take_connection(&pool, addr, deadline).await?;
-                match exchange_batch(&mut stream, requests, count, statuses).await {
+                match exchange_batch(&mut stream, requests, count, statuses, &mut received).await {
                     Ok(keep) => {
                         if keep {
                             pool.give_back(stream);
@@ -605,10 +687,11 @@ impl Client {
             unreachable!("the second attempt returns")
         };
         let expire = async {
-            glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+            sleep(deadline.saturating_duration_since(Instant::now())).await;
             Err(format!("no answer within {} ms", timeout.as_millis()))
         };
         let result = future::or(work, expire).await;
+        self.give_batch_buffer(received);
         assert!(statuses.len() <= count);
         result
     }
@@ -626,7 +709,7 @@ impl Client {
         limit: Duration,
     ) -> Result<SocketAddr, String> {
         future::or(self.resolve(host, port), async {
-            glommio::timer::sleep(limit).await;
+            sleep(limit).await;
             Err(format!(
                 "cannot resolve {host} within {} ms",
                 limit.as_millis()
@@ -652,7 +735,7 @@ impl Client {
             let Some(wait) = wait else {
                 return future::pending().await;
             };
-            glommio::timer::sleep(wait).await;
+            sleep(wait).await;
             Err(format!(
                 "no connection to {addr} free within {} ms",
                 wait.as_millis()
@@ -680,7 +763,7 @@ impl Client {
     }
 
     async fn expire<T>(&self, deadline: Instant) -> Result<T, String> {
-        glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+        sleep(deadline.saturating_duration_since(Instant::now())).await;
         Err(format!("no answer within {} ms", self.timeout.as_millis()))
     }
 
@@ -724,13 +807,14 @@ impl Client {
         if let Ok(ip) = literal.parse::<IpAddr>() {
             return Ok(SocketAddr::new(ip, port));
         }
-        let key = format!("{host}:{port}");
-        if let Some((addr, at)) = self.names.borrow().get(&key) {
-            if at.elapsed() < NAME_TTL {
+        // Keyed by the host alone (looked up without a copy of it); the
+        // entry holds the port it was resolved with.
+        if let Some((at_port, addr, at)) = self.names.borrow().get(host) {
+            if *at_port == port && at.elapsed() < NAME_TTL {
                 return Ok(*addr);
             }
         }
-        let lookup = key.clone();
+        let lookup = format!("{host}:{port}");
         let found = glommio::executor()
             .spawn_blocking(move || lookup.to_socket_addrs().map(|mut it| it.next()))
             .await
@@ -740,7 +824,7 @@ impl Client {
         if names.len() >= NAMES_MAX {
             names.clear();
         }
-        names.insert(key, (found, Instant::now()));
+        names.insert(host.to_string(), (port, found, Instant::now()));
         Ok(found)
     }
 
@@ -749,6 +833,22 @@ impl Client {
             .borrow_mut()
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(1024))
+    }
+
+    /// A buffer for a batch (requests sent together, or answers received):
+    /// kept apart from the requests' own, so that each kind keeps the
+    /// capacity it grew to instead of growing the other's again.
+    fn take_batch_buffer(&self) -> Vec<u8> {
+        let spare = self.spare_batch_buffers.borrow_mut().pop();
+        spare.unwrap_or_else(|| Vec::with_capacity(FIRST_READ))
+    }
+
+    fn give_batch_buffer(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        let mut spare = self.spare_batch_buffers.borrow_mut();
+        if spare.len() < SPARE_BATCHES_MAX && buf.capacity() <= 1 << 20 {
+            spare.push(buf);
+        }
     }
 
     fn give_buffer(&self, mut buf: Vec<u8>) {
@@ -787,17 +887,19 @@ enum Exchange {
 
 /// Bytes received on a connection and not yet consumed: a response may
 /// arrive in pieces, and pipelined responses back to back.
-struct Recv {
-    buf: Vec<u8>,
+/// The buffer is the caller's (a pooled one, reused per batch).
+struct Recv<'b> {
+    buf: &'b mut Vec<u8>,
     pos: usize,
     /// Bytes received in all (zero: nothing came back yet).
     total: usize,
 }
 
-impl Recv {
-    fn new() -> Recv {
+impl<'b> Recv<'b> {
+    fn new(buf: &'b mut Vec<u8>) -> Recv<'b> {
+        buf.clear();
         Recv {
-            buf: Vec::new(),
+            buf,
             pos: 0,
             total: 0,
         }
@@ -859,12 +961,13 @@ async fn exchange(
     request: &[u8],
     head_only: bool,
     want_body: bool,
+    buf: &mut Vec<u8>,
 ) -> Result<(Response, bool), Exchange> {
     stream
         .write_all(request)
         .await
         .map_err(|e| Exchange::NothingBack(format!("send: {e}")))?;
-    let mut recv = Recv::new();
+    let mut recv = Recv::new(buf);
     let (response, keep) = read_response(stream, &mut recv, head_only, want_body).await?;
     // Unexpected extra bytes: do not reuse.
     Ok((response, keep && recv.pending().is_empty()))
@@ -877,12 +980,13 @@ async fn exchange_batch(
     requests: &[u8],
     count: usize,
     statuses: &mut Vec<u16>,
+    buf: &mut Vec<u8>,
 ) -> Result<bool, Exchange> {
     stream
         .write_all(requests)
         .await
         .map_err(|e| Exchange::NothingBack(format!("send: {e}")))?;
-    let mut recv = Recv::new();
+    let mut recv = Recv::new(buf);
     let mut keep = true;
     while statuses.len() < count {
         let (response, reusable) = read_response(stream, &mut recv, false, false).await?;
@@ -909,7 +1013,7 @@ struct Head {
 /// kept.
 async fn read_response(
     stream: &mut TcpStream,
-    recv: &mut Recv,
+    recv: &mut Recv<'_>,
     head_only: bool,
     want_body: bool,
 ) -> Result<(Response, bool), Exchange> {
@@ -921,15 +1025,15 @@ async fn read_response(
     };
     recv.consume(head.len);
     let mut keep = head.keep;
+    // A body not wanted is read past, never copied.
     let body = match head.framing {
-        Framing::Length(len) => read_length(stream, recv, len).await?,
-        Framing::Chunked => read_chunked(stream, recv).await?,
+        Framing::Length(len) => read_length(stream, recv, len, want_body).await?,
+        Framing::Chunked => read_chunked(stream, recv, want_body).await?,
         Framing::UntilClose => {
             keep = false;
-            read_until_close(stream, recv).await?
+            read_until_close(stream, recv, want_body).await?
         }
     };
-    let body = if want_body { body } else { Vec::new() };
     Ok((
         Response {
             status: head.status,
@@ -1037,8 +1141,9 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
 
 async fn read_length(
     stream: &mut TcpStream,
-    recv: &mut Recv,
+    recv: &mut Recv<'_>,
     len: usize,
+    want_body: bool,
 ) -> Result<Vec<u8>, Exchange> {
     if len > RESPONSE_BODY_MAX {
         return Err(Exchange::Failed("response body too large".into()));
@@ -1046,20 +1151,32 @@ async fn read_length(
     while recv.pending().len() < len {
         recv.fill(stream).await.map_err(mid_body)?;
     }
-    let body = recv.pending()[..len].to_vec();
+    let body = if want_body {
+        recv.pending()[..len].to_vec()
+    } else {
+        Vec::new()
+    };
     recv.consume(len);
     Ok(body)
 }
 
-async fn read_chunked(stream: &mut TcpStream, recv: &mut Recv) -> Result<Vec<u8>, Exchange> {
+async fn read_chunked(
+    stream: &mut TcpStream,
+    recv: &mut Recv<'_>,
+    want_body: bool,
+) -> Result<Vec<u8>, Exchange> {
     let mut decoded = Vec::new();
+    let mut decoded_len = 0usize;
     loop {
         match decode_chunk(recv.pending()) {
             ChunkStep::Data { skip, data: (a, b) } => {
-                if decoded.len() + (b - a) > RESPONSE_BODY_MAX {
+                if decoded_len + (b - a) > RESPONSE_BODY_MAX {
                     return Err(Exchange::Failed("response body too large".into()));
                 }
-                decoded.extend_from_slice(&recv.pending()[a..b]);
+                decoded_len += b - a;
+                if want_body {
+                    decoded.extend_from_slice(&recv.pending()[a..b]);
+                }
                 recv.consume(skip);
             }
             ChunkStep::End { skip } => {
@@ -1077,10 +1194,19 @@ async fn read_chunked(stream: &mut TcpStream, recv: &mut Recv) -> Result<Vec<u8>
     }
 }
 
-async fn read_until_close(stream: &mut TcpStream, recv: &mut Recv) -> Result<Vec<u8>, Exchange> {
+async fn read_until_close(
+    stream: &mut TcpStream,
+    recv: &mut Recv<'_>,
+    want_body: bool,
+) -> Result<Vec<u8>, Exchange> {
     let mut chunk = [0u8; READ_CHUNK];
-    let mut body = recv.pending().to_vec();
-    recv.consume(body.len());
+    let mut len = recv.pending().len();
+    let mut body = if want_body {
+        recv.pending().to_vec()
+    } else {
+        Vec::new()
+    };
+    recv.consume(len);
     loop {
         let n = stream
             .read(&mut chunk)
@@ -1089,10 +1215,13 @@ async fn read_until_close(stream: &mut TcpStream, recv: &mut Recv) -> Result<Vec
         if n == 0 {
             return Ok(body);
         }
-        if body.len() + n > RESPONSE_BODY_MAX {
+        if len + n > RESPONSE_BODY_MAX {
             return Err(Exchange::Failed("response body too large".into()));
         }
-        body.extend_from_slice(&chunk[..n]);
+        len += n;
+        if want_body {
+            body.extend_from_slice(&chunk[..n]);
+        }
     }
 }
 

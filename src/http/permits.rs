@@ -24,9 +24,15 @@ struct Slot {
     gone: Cell<bool>,
 }
 
+/// Waiter slots kept for reuse per permit count: a waiter takes one
+/// instead of allocating (a burst of callbacks waits here once per pop).
+const SPARE_SLOTS_MAX: usize = 256;
+
 pub struct Permits {
     free: Cell<usize>,
     waiters: RefCell<VecDeque<Rc<Slot>>>,
+    /// Slots no waiter holds, reset, at most `SPARE_SLOTS_MAX`.
+    spare: RefCell<Vec<Rc<Slot>>>,
 }
 
 /// A held permit; dropping it releases it.
@@ -44,6 +50,24 @@ impl Permits {
         Permits {
             free: Cell::new(count),
             waiters: RefCell::new(VecDeque::new()),
+            spare: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// A fresh waiter slot: a spare one, or a new one.
+    fn take_slot(&self) -> Rc<Slot> {
+        let spare = self.spare.borrow_mut().pop();
+        spare.unwrap_or_default()
+    }
+
+    /// Keep `slot` for reuse if nothing else holds it.
+    fn recycle(&self, mut slot: Rc<Slot>) {
+        if let Some(s) = Rc::get_mut(&mut slot) {
+            *s = Slot::default();
+            let mut spare = self.spare.borrow_mut();
+            if spare.len() < SPARE_SLOTS_MAX {
+                spare.push(slot);
+            }
         }
     }
 
@@ -70,6 +94,8 @@ impl Permits {
                 return;
             };
             if slot.gone.get() {
+                // Its waiter has dropped it: nobody else holds it now.
+                self.recycle(slot);
                 continue;
             }
             assert!(!slot.granted.get(), "a slot is granted once");
@@ -100,14 +126,17 @@ impl<'a> Future for Acquire<'a> {
                     permits.free.set(permits.free.get() - 1);
                     return Poll::Ready(Permit(permits));
                 }
-                let slot = Rc::new(Slot::default());
+                let slot = permits.take_slot();
                 *slot.waker.borrow_mut() = Some(cx.waker().clone());
                 permits.waiters.borrow_mut().push_back(slot.clone());
                 self.slot = Some(slot);
                 Poll::Pending
             }
             Some(slot) if slot.granted.get() => {
-                self.slot = None;
+                // Out of the queue (the release took it): reusable.
+                if let Some(slot) = self.slot.take() {
+                    permits.recycle(slot);
+                }
                 Poll::Ready(Permit(permits))
             }
             Some(slot) => {
@@ -124,6 +153,7 @@ impl Drop for Acquire<'_> {
             if slot.granted.get() {
                 // Granted but never taken: pass it on.
                 self.permits.release();
+                self.permits.recycle(slot);
             } else {
                 slot.gone.set(true);
             }
@@ -181,5 +211,15 @@ mod tests {
         );
         drop(permit); // the queue holds only the dropped one: skipped
         assert_eq!((p.free.get(), p.waiting()), (1, 0));
+        // Every waiter's slot is back for reuse: b (dropped, skipped), c
+        // (passed on), d (taken); the last waiter took one of them, and
+        // gave it back when the release skipped it.
+        assert_eq!(p.spare.borrow().len(), 3);
+        let mut e = p.acquire();
+        let held = poll(&mut e, &mut cx);
+        assert!(poll(&mut p.acquire(), &mut cx).is_pending());
+        assert_eq!(p.spare.borrow().len(), 2, "a waiter takes a spare slot");
+        drop(held);
+        assert_eq!(p.spare.borrow().len(), 3, "and it is back once skipped");
     }
 }

@@ -952,6 +952,28 @@ impl RingConn {
     /// So a connection holds at most that plus one `data` (which the caller
     /// bounds); an error once the write timeout aborted the connection.
     pub async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        self.enqueue(|out| out.extend_from_slice(data))?;
+        self.until_room().await
+    }
+
+    /// As [`RingConn::write_all`], and leave `data` empty: when nothing is
+    /// queued, the connection takes the buffer itself (a swap, no copy) and
+    /// hands back its own empty one.
+    pub async fn write_buf(&mut self, data: &mut Vec<u8>) -> io::Result<()> {
+        let queued = self.enqueue(|out| {
+            if out.is_empty() {
+                std::mem::swap(out, data);
+            } else {
+                out.extend_from_slice(data);
+            }
+        });
+        data.clear();
+        queued?;
+        self.until_room().await
+    }
+
+    /// Put bytes on the output queue with `fill` and wake the driver.
+    fn enqueue(&mut self, fill: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
         let c = &*self.shared;
         if c.write_failed.get() {
             return Err(io::ErrorKind::BrokenPipe.into());
@@ -961,10 +983,16 @@ impl RingConn {
             // The write timeout counts from now, not from the last send.
             c.out_sweep.set(ring.sweep.get());
         }
-        c.out.borrow_mut().extend_from_slice(data);
+        fill(&mut c.out.borrow_mut());
         if let Some(ring) = ring {
             ring.kick(c);
         }
+        Ok(())
+    }
+
+    /// Wait while more than [`OUT_BYTES_HIGH`] is queued.
+    async fn until_room(&self) -> io::Result<()> {
+        let c = &*self.shared;
         poll_fn(|cx| {
             if c.write_failed.get() {
                 return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));

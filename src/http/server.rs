@@ -6,13 +6,13 @@
 //! [`Handler`] from the composition root answers each request.
 //!
 //! A connection reads into one buffer, answers the complete (pipelined)
-//! requests in it into one write buffer, and writes that buffer with a single
-//! `write_all`: one read and one write per batch of requests. A batch stops
-//! early once its answers reach [`OUT_BYTES_MAX`] or it ran for
-//! [`BREATHE_AFTER`]: the connection writes what it has, lets the reactor
-//! turn, and answers the rest before reading again. A write that makes no
-//! progress for `[http] write-timeout-ms` (the client stopped reading)
-//! closes the connection.
+//! requests in it into one write buffer, and hands that buffer over with a
+//! single `write_buf` (on the ring a swap, no copy): one read and one write
+//! per batch of requests. A batch stops early once its answers reach
+//! [`OUT_BYTES_MAX`] or it ran for [`BREATHE_AFTER`]: the connection writes
+//! what it has, lets the reactor turn, and answers the rest before reading
+//! again. A write that makes no progress for `[http] write-timeout-ms` (the
+//! client stopped reading) closes the connection.
 
 use crate::http::ring::{Acceptor, NetRing, RingConn};
 use crate::http::{parse_request, write_response, Parsed, Request};
@@ -95,6 +95,12 @@ pub trait Conn {
     fn read<'a>(&'a mut self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + 'a;
     /// Write all of `data`.
     fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a;
+    /// Write all of `data` and leave it empty (the connection may take
+    /// the buffer rather than copy it).
+    fn write_buf<'a>(
+        &'a mut self,
+        data: &'a mut Vec<u8>,
+    ) -> impl Future<Output = io::Result<()>> + 'a;
     /// The peer's IP address, if known.
     fn peer_ip(&self) -> Option<IpAddr>;
     /// A write failed or timed out: reset the connection when it closes
@@ -112,6 +118,12 @@ impl Conn for RingConn {
     fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a {
         RingConn::write_all(self, data)
     }
+    fn write_buf<'a>(
+        &'a mut self,
+        data: &'a mut Vec<u8>,
+    ) -> impl Future<Output = io::Result<()>> + 'a {
+        RingConn::write_buf(self, data)
+    }
     fn reset_on_close(&self) {
         RingConn::reset_on_close(self);
     }
@@ -128,6 +140,11 @@ impl Conn for GlommioConn {
     }
     fn write_all<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + 'a {
         AsyncWriteExt::write_all(&mut self.0, data)
+    }
+    async fn write_buf<'a>(&'a mut self, data: &'a mut Vec<u8>) -> io::Result<()> {
+        let written = AsyncWriteExt::write_all(&mut self.0, data).await;
+        data.clear();
+        written
     }
     fn peer_ip(&self) -> Option<IpAddr> {
         self.0.peer_addr().ok().map(|a| a.ip())
@@ -425,11 +442,10 @@ impl<H: Handler> Server<H> {
             let answered = self.answer_buffered(&mut input, &mut out).await;
             if !out.is_empty() {
                 // Fails once the write made no progress for write-timeout-ms.
-                if stream.write_all(&out).await.is_err() {
+                if stream.write_buf(&mut out).await.is_err() {
                     stream.reset_on_close();
                     return;
                 }
-                out.clear();
             }
             if answered == Answered::Close {
                 return;

@@ -27,9 +27,10 @@ pub const CHUNK: usize = 4_096;
 const CHECK_EVERY: usize = 1_024;
 
 /// Let the reactor run: a sleep parks the task, the other runnable tasks
-/// run, then the reactor.
+/// run, then the reactor. On a reused timer: a connection breathes every
+/// half millisecond under load.
 pub async fn breathe() {
-    glommio::timer::sleep(Duration::from_micros(1)).await;
+    super::sleep::sleep(Duration::from_micros(1)).await;
 }
 
 /// Breathes once per [`STRETCH`] of work: call [`Pacer::tick`] between

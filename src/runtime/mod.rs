@@ -23,6 +23,7 @@ pub mod gate;
 pub mod loglimit;
 pub mod mesh;
 pub mod notify;
+pub mod sleep;
 pub mod throttle;
 
 use gate::Gate;

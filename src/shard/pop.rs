@@ -5,6 +5,7 @@
 
 use super::targets::{target_of, Targets};
 use super::Shard;
+use crate::cluster::sites::Sites;
 use crate::http::client::CallbackKey;
 use crate::runtime::clock;
 use crate::runtime::notify::Notify;
@@ -48,6 +49,9 @@ pub struct PopState {
     /// withdraws its callbacks still waiting for a lane. At most
     /// `callback-in-flight-max` entries.
     dispatched: RefCell<HashMap<u64, Dispatched>>,
+    /// Callback workers waiting for a pop, most recently idle last: at
+    /// most one per callback slot.
+    idle: RefCell<Vec<Rc<Worker>>>,
 }
 
 /// A dispatched incarnation ([`PopState::dispatched`]).
@@ -161,6 +165,7 @@ impl Default for PopState {
             in_flight: Cell::new(0),
             targets: Targets::default(),
             dispatched: RefCell::new(HashMap::new()),
+            idle: RefCell::new(Vec::new()),
         }
     }
 }
@@ -249,19 +254,22 @@ pub async fn pop_loop(shard: Rc<Shard>) {
     let mut due: Vec<(u64, Timer)> = Vec::with_capacity(POPS_PER_TURN_MAX);
     let in_flight_max = shard.resolved.config.timers.callback_in_flight_max;
     let pop = &shard.pop;
+    // One timer for every sleep of the loop, re-armed (no allocation per
+    // sleep).
+    let mut timer = glommio::timer::Timer::new(Duration::from_millis(IDLE_SLEEP_MS));
     while !shard.gate.is_closing() {
         // Backpressure: with every callback slot taken, due timers stay in
         // the wheel (late, not lost) until a callback finishes; with the
         // timer log behind the disk, until it catches up.
         let room = in_flight_max.saturating_sub(pop.in_flight.get());
         if shard.log().is_some_and(|l| l.is_behind()) {
-            let wait = glommio::timer::sleep(Duration::from_millis(LOG_BEHIND_WAIT_MS));
+            let wait = rearm(&mut timer, Duration::from_millis(LOG_BEHIND_WAIT_MS));
             future::or(wait, shard.gate.closing()).await;
             continue;
         }
         if room == 0 {
             pop.blocked.set(true);
-            let idle = glommio::timer::sleep(Duration::from_millis(IDLE_SLEEP_MS));
+            let idle = rearm(&mut timer, Duration::from_millis(IDLE_SLEEP_MS));
             future::or(future::or(pop.wake.wait(), idle), shard.gate.closing()).await;
             continue;
         }
@@ -283,11 +291,17 @@ pub async fn pop_loop(shard: Rc<Shard>) {
         pop.armed_ms.set(wake_ms);
         let sleep_for = clock::instant_of(wake_ms).saturating_duration_since(Instant::now());
         if !sleep_for.is_zero() {
-            let sleep = future::or(glommio::timer::sleep(sleep_for), pop.wake.wait());
+            let sleep = future::or(rearm(&mut timer, sleep_for), pop.wake.wait());
             future::or(sleep, shard.gate.closing()).await;
         }
         pop.armed_ms.set(u64::MAX);
     }
+}
+
+/// `timer` set to fire `after` from now, to be awaited.
+async fn rearm(timer: &mut glommio::timer::Timer, after: Duration) {
+    timer.reset(after);
+    timer.await;
 }
 
 /// Dispatch every due timer and put repeating ones back at their next pop
@@ -402,18 +416,19 @@ fn has_later_pop_elsewhere(shard: &Shard, timer: &Timer) -> bool {
     let later_replica = timer.replica_index() as usize + 1 < timer.replication_factor() as usize;
     let sites = &shard.resolved.sites;
     let later_site =
-        sites.replicating() && sites.names(timer.sites).len() > timer.site_index() as usize + 1;
+        sites.replicating() && Sites::count(timer.sites) > timer.site_index() as usize + 1;
     (later_replica && shard.has_peers()) || later_site
 }
 
 /// Start the callback of one pop. The pop loop takes only as many due
 /// timers as there are free slots, and the slot is taken here, before the
-/// task exists. A pop waiting for a connection is late, not failed: the
+/// callback runs. A pop waiting for a connection is late, not failed: the
 /// last replica waits as long as it takes; one with a later replica waits
 /// `callback-wait-ms` at most and then leaves the pop to that replica, so
 /// the skew rule holds (tuning.md). On success the pop is replicated to
 /// the other replicas; on failure this node's copy is dropped without
-/// replicating, so the next replica pops.
+/// replicating, so the next replica pops. The callback runs on an idle
+/// [`Worker`], or on a new one (no task is spawned per pop).
 fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration>) {
     let pop = &shard.pop;
     let timers = &shard.resolved.config.timers;
@@ -429,40 +444,101 @@ fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration
         unique: popped.unique,
         version: popped.version,
     };
+    let job = PopJob { slot, popped, wait };
+    let idle = pop.idle.borrow_mut().pop();
+    match idle {
+        Some(worker) => {
+            assert!(worker.job.replace(Some(job)).is_none(), "an idle worker");
+            worker.wake.notify();
+        }
+        None => {
+            // Every worker is busy: with `in_flight` callbacks running and
+            // one worker per callback, there are at most
+            // `callback-in-flight-max` workers.
+            let worker = Rc::new(Worker {
+                job: Cell::new(Some(job)),
+                wake: Notify::default(),
+            });
+            glommio::spawn_local(work(shard.clone(), worker)).detach();
+        }
+    }
+}
+
+/// One pop's callback, handed to a [`Worker`].
+struct PopJob {
+    /// Given back when the callback ends, whatever the outcome.
+    slot: Slot,
+    /// The pop as it was taken.
+    popped: Timer,
+    wait: Option<Duration>,
+}
+
+/// A long-lived callback task: runs one pop's callback at a time, then
+/// waits on the shard's idle list for the next. Workers are made only
+/// while every one is busy, so a shard has at most
+/// `callback-in-flight-max` of them; each ends at shutdown.
+pub(super) struct Worker {
+    job: Cell<Option<PopJob>>,
+    wake: Notify,
+}
+
+async fn work(shard: Rc<Shard>, me: Rc<Worker>) {
+    loop {
+        if let Some(job) = me.job.take() {
+            run_callback(job).await;
+        }
+        if shard.gate.is_closing() {
+            return;
+        }
+        shard.pop.idle.borrow_mut().push(me.clone());
+        future::or(me.wake.wait(), shard.gate.closing()).await;
+        let job = me.job.take();
+        match job {
+            Some(job) => me.job.set(Some(job)),
+            None => {
+                // Shutdown, no job: off the idle list, so none comes.
+                shard.pop.idle.borrow_mut().retain(|w| !Rc::ptr_eq(w, &me));
+                return;
+            }
+        }
+    }
+}
+
+/// Send one pop's callback and act on its outcome.
+async fn run_callback(job: PopJob) {
+    let PopJob { slot, popped, wait } = job;
+    let shard = &slot.shard;
     let (unique, version, sequence) = (popped.unique, popped.version, popped.sequence);
     let key = CallbackKey {
         unique,
         version,
         sequence,
     };
-    glommio::spawn_local(async move {
-        let shard = &slot.shard;
-        let started = Instant::now();
-        let result = shard
-            .client
-            .callback(popped.uri(), popped.opaque().as_bytes(), key, wait)
-            .await;
-        let stats = shard.my_stats();
-        stats.record_callback_latency(started.elapsed().as_micros() as u64);
-        match result {
-            Ok(()) => {
-                ShardStats::add(&stats.callbacks_succeeded, 1);
-                shard.replicate_pop(&popped);
-            }
-            Err(e) if e.withdrawn => ShardStats::add(&stats.callbacks_withdrawn, 1),
-            Err(e) => {
-                let counter = if e.waited_out {
-                    &stats.callbacks_deferred
-                } else {
-                    &stats.callbacks_failed
-                };
-                ShardStats::add(counter, 1);
-                tracing::debug!(target: "chronos::callback", "callback {sequence} failed: {e}");
-                on_failure(shard, unique, version, sequence, &e.reason);
-            }
+    let started = Instant::now();
+    let result = shard
+        .client
+        .callback(popped.uri(), popped.opaque().as_bytes(), key, wait)
+        .await;
+    let stats = shard.my_stats();
+    stats.record_callback_latency(started.elapsed().as_micros() as u64);
+    match result {
+        Ok(()) => {
+            ShardStats::add(&stats.callbacks_succeeded, 1);
+            shard.replicate_pop(&popped);
         }
-    })
-    .detach();
+        Err(e) if e.withdrawn => ShardStats::add(&stats.callbacks_withdrawn, 1),
+        Err(e) => {
+            let counter = if e.waited_out {
+                &stats.callbacks_deferred
+            } else {
+                &stats.callbacks_failed
+            };
+            ShardStats::add(counter, 1);
+            tracing::debug!(target: "chronos::callback", "callback {sequence} failed: {e}");
+            on_failure(shard, unique, version, sequence, &e.reason);
+        }
+    }
+    drop(slot);
 }
 
 /// A failed callback drops this node's live copy (without replicating), so

@@ -113,9 +113,9 @@ struct RawCallback<'a> {
 #[derive(Deserialize)]
 #[serde(expecting = "callback.http to be an object with uri and opaque")]
 struct RawHttp<'a> {
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "opt_text")]
     uri: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "opt_text")]
     opaque: Option<Cow<'a, str>>,
 }
 
@@ -132,7 +132,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawCallback<'a> {
                     http: None,
                     other: None,
                 };
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
                     if key == "http" {
                         out.http = Some(map.next_value()?);
                     } else {
@@ -147,12 +147,27 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawCallback<'a> {
     }
 }
 
+/// A string that borrows from the body when it has no escapes: serde's
+/// `Cow<str>` alone always copies, and `#[serde(borrow)]` does not reach
+/// inside an `Option` (a copy per field per request).
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+fn opt_text<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+    Ok(Option::<Text<'a>>::deserialize(d)?.map(|t| t.0))
+}
+
 #[derive(Deserialize)]
 #[serde(expecting = "reliability to be an object")]
 struct RawReliability<'a> {
     #[serde(rename = "replication-factor")]
     replication_factor: Option<serde_json::Value>,
-    #[serde(rename = "cluster-view-id", borrow)]
+    #[serde(
+        rename = "cluster-view-id",
+        borrow,
+        default,
+        deserialize_with = "opt_text"
+    )]
     cluster_view_id: Option<Cow<'a, str>>,
     #[serde(borrow)]
     replicas: Option<Vec<Cow<'a, str>>>,
@@ -170,7 +185,7 @@ struct RawStatistics<'a> {
 #[derive(Deserialize)]
 #[serde(expecting = "each statistics.tag-info entry to be an object with type and count")]
 struct RawTag<'a> {
-    #[serde(rename = "type", borrow)]
+    #[serde(rename = "type", borrow, default, deserialize_with = "opt_text")]
     kind: Option<Cow<'a, str>>,
     count: Option<serde_json::Value>,
 }

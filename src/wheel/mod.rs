@@ -76,6 +76,10 @@ const KEEP_RECORDS_MAX_LEVEL0: usize = 4096;
 /// `SLOTS * (KEEP_RECORDS_MAX_LEVEL0 + (LEVELS - 1) * KEEP_RECORDS_MAX) * 12`
 /// B (3.9 MiB) of empty arrays.
 const KEEP_RECORDS_MAX: usize = 256;
+/// Drained arrays kept apart for slots that are refilled from empty (a
+/// slot whose own array was freed, or taken while it fired): each within
+/// the keep bound of its level, so at most 64 × 4096 × 12 B (3 MiB).
+const SPARE_ARRAYS_MAX: usize = 64;
 /// A full slot array below this size grows without compacting first.
 const COMPACT_RECORDS_MIN: usize = 64;
 /// How many records ahead of the one being fired the slab entry is prefetched.
@@ -153,6 +157,8 @@ pub struct Wheel<T> {
     /// records: each record either fires its entry or is dropped, and each
     /// live entry's latest record is live.
     records: usize,
+    /// Empty record arrays with their allocation (`SPARE_ARRAYS_MAX`).
+    spare: Vec<Vec<Record>>,
 }
 
 impl<T> Default for Wheel<T> {
@@ -242,6 +248,7 @@ impl<T> Wheel<T> {
             elapsed_ms: now_ms,
             len: 0,
             records: 0,
+            spare: Vec::new(),
         }
     }
 
@@ -573,6 +580,9 @@ impl<T> Wheel<T> {
             Some(at) => &mut self.slots[at],
             None => &mut self.overflow,
         };
+        if records.capacity() == 0 {
+            *records = self.spare.pop().unwrap_or_default();
+        }
         let dropped = push_record(&self.entries, records, record, stale);
         self.records = self.records + 1 - dropped;
     }
@@ -580,10 +590,14 @@ impl<T> Wheel<T> {
     /// Move a record down during a cascade. No compaction: a cascade never
     /// adds records, and it must not read the slab (that is its point).
     fn cascade(&mut self, record: Record) {
-        match self.home_of(record) {
-            Some(at) => self.slots[at].push(record),
-            None => self.overflow.push(record),
+        let records = match self.home_of(record) {
+            Some(at) => &mut self.slots[at],
+            None => &mut self.overflow,
+        };
+        if records.capacity() == 0 {
+            *records = self.spare.pop().unwrap_or_default();
         }
+        records.push(record);
     }
 
     /// Detach a slot's records.
@@ -611,9 +625,11 @@ impl<T> Wheel<T> {
             Some((level, slot)) => &mut self.slots[level * SLOTS + slot],
             None => &mut self.overflow,
         };
+        records.clear();
         if home.capacity() == 0 {
-            records.clear();
             *home = records;
+        } else if self.spare.len() < SPARE_ARRAYS_MAX {
+            self.spare.push(records);
         }
     }
 
