@@ -42,6 +42,19 @@ fn one_shot_pops_once_within_bounds() {
     assert_eq!(sink.pops().len(), 1, "pops exactly once");
 }
 
+/// A callback URI naming its host by name: resolved (and the name kept
+/// with its port), every pop delivered.
+#[test]
+fn callback_to_a_host_name_pops() {
+    let node = Node::start(CFG);
+    let sink = Sink::start(Behaviour::Ok);
+    let uri = format!("http://localhost:{}/named", sink.addr.port());
+    node.create(&timer_body("0.2", Some("1"), &uri, "n"));
+    let pops = sink.wait_for(5, Duration::from_secs(10));
+    assert_eq!(pops.len(), 5, "every pop of the named host arrived");
+    assert!(pops.iter().all(|p| p.path == "/named" && p.body == "n"));
+}
+
 #[test]
 fn fractional_interval_has_ms_resolution() {
     let node = Node::start(CFG);

@@ -289,7 +289,8 @@ pub struct Client {
     connect_timeout: Duration,
     per_host_max: usize,
     pools: RefCell<HashMap<SocketAddr, Rc<HostPool>>>,
-    names: RefCell<HashMap<String, (SocketAddr, Instant)>>,
+    /// Host name → the port it was resolved with, its address, when.
+    names: RefCell<HashMap<String, (u16, SocketAddr, Instant)>>,
     spare: RefCell<Vec<Vec<u8>>>,
     /// Queued requests no caller holds, kept for reuse.
     spare_jobs: RefCell<Vec<Rc<Job>>>,
@@ -806,13 +807,14 @@ impl Client {
         if let Ok(ip) = literal.parse::<IpAddr>() {
             return Ok(SocketAddr::new(ip, port));
         }
-        let key = format!("{host}:{port}");
-        if let Some((addr, at)) = self.names.borrow().get(&key) {
-            if at.elapsed() < NAME_TTL {
+        // Keyed by the host alone (looked up without a copy of it); the
+        // entry holds the port it was resolved with.
+        if let Some((at_port, addr, at)) = self.names.borrow().get(host) {
+            if *at_port == port && at.elapsed() < NAME_TTL {
                 return Ok(*addr);
             }
         }
-        let lookup = key.clone();
+        let lookup = format!("{host}:{port}");
         let found = glommio::executor()
             .spawn_blocking(move || lookup.to_socket_addrs().map(|mut it| it.next()))
             .await
@@ -822,7 +824,7 @@ impl Client {
         if names.len() >= NAMES_MAX {
             names.clear();
         }
-        names.insert(key, (found, Instant::now()));
+        names.insert(host.to_string(), (port, found, Instant::now()));
         Ok(found)
     }
 
