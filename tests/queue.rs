@@ -135,6 +135,7 @@ fn relays_key_value_and_headers_at_the_deadline_and_late_ones_at_once() {
             "chronos_queue_stage_seconds_count{{stage=\"{s}\"}}"
         ))
     };
+    assert_eq!(stage("broker"), 35.0);
     assert_eq!(stage("inbox"), 35.0);
     assert_eq!(stage("claimed_late"), 30.0);
     assert_eq!(stage("fire_late"), 30.0);

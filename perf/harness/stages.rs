@@ -6,7 +6,8 @@
 use std::net::SocketAddr;
 
 /// The stages the node reports, in pipeline order.
-const STAGES: [&str; 8] = [
+const STAGES: [&str; 9] = [
+    "broker",
     "inbox",
     "insert",
     "stored",

@@ -35,6 +35,8 @@ pub struct Inbound {
     /// When the consumer thread polled it (the `inbox` and `stored`
     /// stages count from here).
     pub polled: Instant,
+    /// Its producer timestamp until it was polled, ms (0 without one).
+    pub broker_ms: u64,
     /// Its share of the shard's inbox bytes, given back when this is
     /// dropped (handled, published, skipped: however it ends).
     pub charge: Charge,
@@ -202,6 +204,9 @@ fn inbound_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Inbound {
         value: m.payload().map(<[u8]>::to_vec),
         headers,
         polled: Instant::now(),
+        broker_ms: m.timestamp().to_millis().map_or(0, |ts| {
+            crate::runtime::clock::unix_ms().saturating_sub(ts.max(0) as u64)
+        }),
         charge: Charge::default(),
     }
 }

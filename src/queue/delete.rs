@@ -31,7 +31,7 @@ impl QueueShard {
             };
             assert!(!ids.is_empty() && ids.len() <= DELETE_BATCH_MAX);
             let started = Instant::now();
-            let Some(rows) = retry_query(&self.pg_table, |c| &c.delete, &[&ids]).await else {
+            let Some(rows) = retry_query(&self.pg_delete, |c| &c.delete, &[&ids]).await else {
                 return;
             };
             {

@@ -14,14 +14,15 @@ use super::{Batch, Inbound, Kind, Pending, QueueShard};
 use crate::runtime::clock;
 use crate::runtime::notify::Notify;
 use crate::stats::{
-    ShardStats, REJECT_INVALID_HEADER, REJECT_UNSTORABLE, STAGE_INBOX, STAGE_INSERT, STAGE_STORED,
+    ShardStats, REJECT_INVALID_HEADER, REJECT_UNSTORABLE, STAGE_BROKER, STAGE_INBOX, STAGE_INSERT,
+    STAGE_STORED,
 };
 use rdkafka::consumer::Consumer;
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::rc::Rc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tokio_postgres::types::ToSql;
 
 /// One batch, sorted: rows to insert, late messages, last offsets.
@@ -111,6 +112,7 @@ impl QueueShard {
         let taken = Instant::now();
         for mut m in batch.drain(..) {
             stats.record_queue_stage(STAGE_INBOX, taken.saturating_duration_since(m.polled));
+            stats.record_queue_stage(STAGE_BROKER, Duration::from_millis(m.broker_ms));
             s.polled = Some(s.polled.map_or(m.polled, |p| p.min(m.polled)));
             s.charges.push(std::mem::take(&mut m.charge));
             match s.last.iter_mut().find(|(p, _)| *p == m.partition) {

@@ -68,7 +68,7 @@ impl QueueShard {
             // runs (at each attempt), as in the claim.
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                 [&ids, &self.shared.node_id];
-            if retry_query(&self.pg_table, |c| &c.refresh, &params)
+            if retry_query(&self.pg_claim, |c| &c.refresh, &params)
                 .await
                 .is_none()
             {
@@ -130,7 +130,8 @@ impl QueueShard {
     async fn reset_stuck(&self, hold_time_ms: u64) -> Option<bool> {
         // On the server's clock, as the claim and the refresh.
         let hold_ms = i64::try_from(hold_time_ms).unwrap_or(i64::MAX);
-        let rows = retry_query(&self.pg_table, |c| &c.stuck, &[&hold_ms, &STUCK_BATCH_MAX]).await?;
+        let rows =
+            retry_query(&self.pg_delete, |c| &c.stuck, &[&hold_ms, &STUCK_BATCH_MAX]).await?;
         assert!(
             rows.len() as i64 <= STUCK_BATCH_MAX,
             "the stuck statement has a LIMIT"
@@ -150,7 +151,7 @@ impl QueueShard {
                 at.push(a);
             }
         }
-        let reset = retry_query(&self.pg_table, |c| &c.reset, &[&ids, &by, &at]).await?;
+        let reset = retry_query(&self.pg_delete, |c| &c.reset, &[&ids, &by, &at]).await?;
         for r in &reset {
             let id: String = r.try_get(0).unwrap_or_default();
             let node: Option<String> = r.try_get(1).unwrap_or_default();

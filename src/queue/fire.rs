@@ -47,7 +47,7 @@ impl QueueShard {
             let bytes_max = cfg.claim_batch_bytes_max.min(room) as i64;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [node_id, &horizon, &limit, &bytes_max];
-            let Some(rows) = retry_query(&self.pg_table, |c| &c.ready, &params).await else {
+            let Some(rows) = retry_query(&self.pg_claim, |c| &c.ready, &params).await else {
                 return;
             };
             self.stats().record_pg_batch(started.elapsed());

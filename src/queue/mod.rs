@@ -18,8 +18,9 @@
 //!   message, for a message whose batch was refused); their delivery
 //!   callback routes each acknowledgement back to the shard that sent the
 //!   message (`producer.rs`);
-//! - per shard: two Postgres connections (`pg.rs`: the input's, with
-//!   durable commits; the table's, with asynchronous ones) and tasks that hold the
+//! - per shard: three Postgres connections (`pg.rs`: the input's, with
+//!   durable commits; the claims' and the deletes', with asynchronous
+//!   ones) and tasks that hold the
 //!   shard's gate: enqueue (`enqueue.rs`), claim and fire (`fire.rs`),
 //!   delivery and delete (`producer.rs`, `delete.rs`); shard 0 also runs
 //!   failure detection (`failure.rs`). The header codec is `headers.rs`,
@@ -275,9 +276,10 @@ pub struct QueueShard {
     gate: Rc<Gate>,
     /// Inserts and the late messages' look-up ([`pg::Role::Input`]).
     pub pg: Pg,
-    /// Claims, deletes, the refresh and failure detection
-    /// ([`pg::Role::Table`]).
-    pub pg_table: Pg,
+    /// Claims and the refresh ([`pg::Role::Claim`]).
+    pub pg_claim: Pg,
+    /// Deletes and failure detection ([`pg::Role::Delete`]).
+    pub pg_delete: Pg,
     held: RefCell<Wheel<Held>>,
     held_wake: Notify,
     pending: RefCell<HashMap<usize, Pending>>,
@@ -305,7 +307,8 @@ impl QueueShard {
         assert!(shard < shared.inboxes.len(), "shard {shard} has an inbox");
         let q = Rc::new(QueueShard {
             pg: Pg::new(&shared, stats.clone(), (shard, Role::Input), gate.clone()),
-            pg_table: Pg::new(&shared, stats.clone(), (shard, Role::Table), gate.clone()),
+            pg_claim: Pg::new(&shared, stats.clone(), (shard, Role::Claim), gate.clone()),
+            pg_delete: Pg::new(&shared, stats.clone(), (shard, Role::Delete), gate.clone()),
             shared,
             shard,
             stats,
@@ -324,8 +327,10 @@ impl QueueShard {
         gate.spawn(async move {
             // Connects (creating the table and indexes if missing) before
             // anything else runs.
-            if q.pg.get().await.is_none() || q.pg_table.get().await.is_none() {
-                return;
+            for pg in [&q.pg, &q.pg_claim, &q.pg_delete] {
+                if pg.get().await.is_none() {
+                    return;
+                }
             }
             let gate = q.gate.clone();
             gate.spawn(q.clone().enqueue_loop());

@@ -1,17 +1,18 @@
-//! Two Postgres connections per shard, driven on the shard's own executor:
+//! Three Postgres connections per shard, driven on the shard's own executor:
 //! `tokio-postgres` over a glommio socket (through the futures→tokio I/O
 //! compat adapter and `connect_raw`; no tokio runtime). [`Role::Input`]
 //! carries the inserts (and the late messages' look-up), each committed
-//! durably before the input offsets are stored; [`Role::Table`] carries
-//! the statements over rows already stored: claims, deletes, the liveness
-//! refresh and failure detection, with `synchronous_commit = off`. Postgres
-//! runs one connection's statements one after another, each with its own
-//! commit: on one connection a claim waited behind an insert and its
-//! fdatasync, and an insert behind a claim and a delete (perf/README,
-//! issue 22). A table statement's commit lost in a Postgres crash (the
-//! last few hundred ms of them) only undoes a claim, a delete or a
-//! refresh: the row is claimed again or reset by failure detection, and
-//! published again, a duplicate as at-least-once allows, never a loss.
+//! durably before the input offsets are stored; the statements over rows
+//! already stored commit with `synchronous_commit = off`: [`Role::Claim`]
+//! the claims and the liveness refresh, [`Role::Delete`] the deletes and
+//! failure detection. Postgres runs one connection's statements one after
+//! another, each with its own commit: on one connection a claim waited
+//! behind an insert and its fdatasync, an insert behind a claim and a
+//! delete, and a claim behind a delete (perf/README, issue 22). A claim,
+//! delete or refresh whose commit is lost in a Postgres crash (the last few
+//! hundred ms of them) is only undone: the row is claimed again or reset by
+//! failure detection, and published again, a duplicate as at-least-once
+//! allows, never a loss.
 //!
 //! Every statement is prepared once per connection and works on a batch
 //! (`UNNEST` arrays, `= ANY($1)`). A failed connection is dropped and
@@ -58,7 +59,8 @@ const KEEPALIVE_PROBES: u32 = 3;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Input = 0,
-    Table = 1,
+    Claim = 1,
+    Delete = 2,
 }
 
 /// Per-connection Postgres health (slot `shard * PG_CONNECTIONS + role`),
@@ -369,10 +371,10 @@ impl Pg {
         ));
         // Idempotent; two shards racing on the catalog retry via backoff.
         let t = &self.table;
-        // The table's statements commit asynchronously (module doc).
+        // Only the inserts commit durably (module doc).
         let commit = match self.role {
             Role::Input => "",
-            Role::Table => "SET synchronous_commit = off;\n",
+            Role::Claim | Role::Delete => "SET synchronous_commit = off;\n",
         };
         let setup = format!(
             "SET statement_timeout = {};\n{commit}{}",

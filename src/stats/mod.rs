@@ -31,13 +31,16 @@ pub const REJECT_UNSTORABLE: usize = 1;
 pub const REJECT_UNPUBLISHABLE: usize = 2;
 
 /// Postgres connections per shard of the delay queue: the input's
-/// (inserts, durable commits) and the table's (claims, deletes, failure
-/// detection, asynchronous commits).
-pub const PG_CONNECTIONS: usize = 2;
+/// (inserts, durable commits), the claims' and the deletes' (asynchronous
+/// commits).
+pub const PG_CONNECTIONS: usize = 3;
 
 /// The delay queue's stages, timed per message or per statement
 /// (`chronos_queue_stage_seconds{stage}`), so that a run's breakdown can be
 /// read from `/metrics`:
+/// - `broker`: a message's producer timestamp until the consumer thread
+///   polled it (the input's broker and fetch path; 0 without a timestamp,
+///   or one from a clock ahead of this node's);
 /// - `inbox`: a message polled by the consumer thread until its shard
 ///   takes it into an enqueue batch;
 /// - `insert`: one insert statement (per batch);
@@ -51,7 +54,7 @@ pub const PG_CONNECTIONS: usize = 2;
 /// - `publish_ack`: per publish, handed to the producer until the broker's
 ///   acknowledgement was reported to the shard;
 /// - `delete`: one delete statement (per batch).
-pub const QUEUE_STAGES: [&str; 8] = [
+pub const QUEUE_STAGES: [&str; 9] = [
     "inbox",
     "insert",
     "stored",
@@ -60,6 +63,7 @@ pub const QUEUE_STAGES: [&str; 8] = [
     "fire_late",
     "publish_ack",
     "delete",
+    "broker",
 ];
 pub const STAGE_INBOX: usize = 0;
 pub const STAGE_INSERT: usize = 1;
@@ -69,6 +73,7 @@ pub const STAGE_CLAIMED_LATE: usize = 4;
 pub const STAGE_FIRE_LATE: usize = 5;
 pub const STAGE_PUBLISH_ACK: usize = 6;
 pub const STAGE_DELETE: usize = 7;
+pub const STAGE_BROKER: usize = 8;
 
 macro_rules! counters {
     ($($name:ident: $help:literal,)*) => {

@@ -6,8 +6,12 @@
 //!   the timer keeps its opaque data inline (`Timer`'s buffer). Looking up
 //!   a URI already in the table allocates nothing. An entry leaves the
 //!   table with its last handle, so the table holds at most one entry per
-//!   distinct URI of the live handles: it is bounded by the timers. The
-//!   empty URI (tombstones) is one entry kept for the thread's life.
+//!   distinct URI of the live handles, and at most [`INTERNED_MAX`]: past
+//!   that a new URI has an entry of its own, outside the table (not
+//!   shared, as before interning), so the table never rehashes more than
+//!   that many entries when it grows (hashbrown rehashes all at once, the
+//!   stall the ID index grows incrementally to avoid). The empty
+//!   URI (tombstones) is one entry kept for the thread's life.
 //! - **own**: tag pairs, URI and opaque data in one allocation of this
 //!   timer's (tags, or opaque data too long for the inline buffer); never
 //!   in the table.
@@ -19,6 +23,11 @@ use crate::murmur::murmur3_x86_32;
 use hashbrown::HashTable;
 use std::cell::RefCell;
 use std::rc::Rc;
+
+/// URIs in a thread's table at most (its buckets: 32,768 at most, 9 bytes
+/// each). Timers rarely call more targets than this; where every timer
+/// has a URI of its own, the URIs past it are simply not shared.
+pub const INTERNED_MAX: usize = 16_384;
 
 /// Bytes of one `(tag index, count)` pair in an own form.
 pub const TAG_BYTES: usize = 8;
@@ -40,7 +49,8 @@ struct Entry {
     tag_count: u8,
     /// Own form (never in the table).
     own: bool,
-    /// In the table (a shared form but the empty URI's).
+    /// In the table (a shared form, but not the empty URI's nor one made
+    /// past `INTERNED_MAX`).
     in_table: bool,
 }
 
@@ -86,7 +96,8 @@ fn hash_of(uri: &[u8]) -> u64 {
 
 impl Callback {
     /// The shared form of `uri` (at most `u16::MAX` bytes): the table's
-    /// entry when there is one (no allocation), else a new one.
+    /// entry when there is one (no allocation), else a new one (in the
+    /// table while it holds fewer than `INTERNED_MAX`).
     pub fn interned(uri: &str) -> Callback {
         assert!(uri.len() <= u16::MAX as usize, "the codec caps URIs");
         if uri.is_empty() {
@@ -107,14 +118,17 @@ impl Callback {
                 }
                 _ => Bytes::Heap(uri.as_bytes().into()),
             };
+            let in_table = table.len() < INTERNED_MAX;
             let entry = Rc::new(Entry {
                 bytes,
                 uri_len: uri.len() as u16,
                 tag_count: 0,
                 own: false,
-                in_table: true,
+                in_table,
             });
-            table.insert_unique(hash, entry.clone(), |e| hash_of(e.data()));
+            if in_table {
+                table.insert_unique(hash, entry.clone(), |e| hash_of(e.data()));
+            }
             Callback(entry)
         })
     }
@@ -258,6 +272,33 @@ mod tests {
         }
         drop(all);
         assert_eq!(interned_count(), before);
+    }
+
+    #[test]
+    fn past_the_bound_a_uri_has_an_entry_of_its_own() {
+        let before = interned_count();
+        let all: Vec<Callback> = (0..INTERNED_MAX + 10)
+            .map(|i| Callback::interned(&format!("http://bound.test/{i}")))
+            .collect();
+        assert_eq!(interned_count(), INTERNED_MAX.max(before));
+        let last = format!("http://bound.test/{}", INTERNED_MAX + 9);
+        let again = Callback::interned(&last);
+        assert!(
+            !Rc::ptr_eq(&again.0, &all[INTERNED_MAX + 9].0),
+            "not shared"
+        );
+        assert_eq!((again.uri(), again.opaque()), (last.as_str(), ""));
+        let first = Callback::interned("http://bound.test/0");
+        assert!(Rc::ptr_eq(&first.0, &all[0].0), "interned ones still are");
+        drop((all, again, first));
+        assert_eq!(interned_count(), before);
+        let shared = Callback::interned("http://bound.test/after");
+        assert_eq!(
+            interned_count(),
+            before + 1,
+            "interned again once there is room"
+        );
+        drop(shared);
     }
 
     #[test]
