@@ -192,6 +192,7 @@ fn start_nodes(n: usize, cores: usize, extra: &str) -> Result<Nodes, String> {
         let path = dir.join(format!("node{i}.toml"));
         std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
         let child = Command::new(chronos_binary())
+            .env_remove("CHRONOS_BIN")
             .arg("--config")
             .arg(&path)
             .stdout(Stdio::null())

@@ -443,7 +443,10 @@ impl Drop for Setup {
 /// Wait (up to 15 s) until `table` holds at least `n` rows.
 pub fn wait_rows_at_least(table: &str, n: i64, node: &super::Node) {
     let until = Instant::now() + Duration::from_secs(15);
-    while table_rows(table) < n {
+    // The node creates the table when its first Postgres connection is
+    // made, which may come after the test's first look.
+    let exists = || psql(&format!("SELECT to_regclass('{table}') IS NOT NULL")) == "t";
+    while !exists() || table_rows(table) < n {
         assert!(Instant::now() < until, "not enqueued:\n{}", node.log_text());
         std::thread::sleep(Duration::from_millis(50));
     }
