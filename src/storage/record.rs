@@ -250,7 +250,9 @@ pub fn image(p: &[u8]) -> Option<Image<'_>> {
         sites: u32_at(p, 56),
         replica_index: p[60],
         replication_factor: p[61],
-        factor_requested: p[62],
+        // Capped, not refused: logs from before the packed timer record
+        // hold any configured default factor (1-255) here.
+        factor_requested: p[62].min(crate::timer::NODES_MAX as u8),
         site_index: p[63],
     };
     if !head.fits_record() {
@@ -355,6 +357,28 @@ mod tests {
         let c = check(&out, a.len + b.len).expect("commit");
         assert_eq!((c.kind, c.prev, c.crc), (COMMIT, b.crc, last));
         assert_eq!(a.len + b.len + c.len, out.len());
+    }
+
+    #[test]
+    fn an_old_record_with_a_large_requested_factor_still_decodes() {
+        // Logs written before the packed record took any configured
+        // `default-replication-factor` (1-255) as the requested factor:
+        // such a record decodes with it capped at NODES_MAX, not refused.
+        let mut old = head(8);
+        old.factor_requested = 200;
+        let mut out = Vec::new();
+        put(
+            &mut out,
+            1,
+            &Image::new(5, old, "http://a/", ""),
+            [].into_iter(),
+        );
+        commit(&mut out, 0, 0);
+        stamp(&mut out, 0, 1);
+        let h = check(&out, 0).expect("put");
+        let got = image(payload(&out, 0, &h)).expect("an old record decodes");
+        assert_eq!(got.head.factor_requested as usize, crate::timer::NODES_MAX);
+        assert!(got.head.fits_record());
     }
 
     #[test]
