@@ -140,31 +140,65 @@ const SAMPLES_MAX: u64 = 1000;
 const SAMPLE_EVERY_DEFAULT: u64 = 37;
 
 /// The function that made an allocation, if it is chronos code: the
-/// innermost frame of `trace` that is neither the standard library nor
-/// this test. A glommio frame there (its reactor's turn, a `Source` per
-/// socket operation, a task) is glommio's allocation, whoever called it.
+/// innermost frame of `trace` that is neither the standard library, a
+/// pass-through crate chronos calls (serde, futures), nor this test. A
+/// glommio frame there (its reactor's turn, a `Source` per socket
+/// operation) is glommio's allocation, whoever called it; but what chronos
+/// asks glommio to make (a task, a timer, a oneshot: [`MADE_FOR_CALLER`])
+/// is chronos's, credited to the chronos frame that asked.
 fn innermost(trace: &str) -> Option<&str> {
-    const NOT_OURS: [&str; 11] = [
+    const NOT_OURS: [&str; 21] = [
         "std::",
         "core::",
         "alloc::",
         "hashbrown::",
+        "serde::",
+        "serde_json::",
+        "futures_lite::",
+        "futures_util::",
         "__rustc",
         "<std::",
         "<core::",
         "<alloc::",
         "<hashbrown::",
+        "<serde::",
+        "<serde_json::",
+        "<&mut serde_json::",
+        "<futures_lite::",
+        "<futures_util::",
         "allocations::",
         "<allocations::",
+        "<T as ",
     ];
-    let frame = trace
+    let mut frames = trace
         .lines()
         .map(str::trim)
         .filter_map(|l| l.split_once(": ").map(|(_, f)| f))
         .filter(|f| !f.starts_with("at "))
-        .find(|f| !NOT_OURS.iter().any(|p| f.starts_with(p)) && !f.starts_with("<T as "))?;
+        .filter(|f| !NOT_OURS.iter().any(|p| f.starts_with(p)));
+    // The innermost glommio frames, then the first frame outside glommio.
+    let (mut saw_glommio, mut made_for_caller) = (false, false);
+    let frame = frames.find(|f| {
+        let glommio = f.starts_with("glommio_ng::") || f.starts_with("<glommio_ng::");
+        saw_glommio |= glommio;
+        made_for_caller |= glommio && MADE_FOR_CALLER.iter().any(|m| f.contains(m));
+        !glommio
+    })?;
+    if saw_glommio && !made_for_caller {
+        return None;
+    }
     (frame.starts_with("chronos::") || frame.starts_with("<chronos::")).then_some(frame)
 }
+
+/// glommio functions that allocate what their caller asked for: a task,
+/// a timer, a oneshot.
+const MADE_FOR_CALLER: [&str; 5] = [
+    "spawn_local",
+    "spawn_into",
+    "Timer::new",
+    "timer::sleep",
+    "oneshot::shared",
+];
 
 /// The counted allocations of one window.
 struct Window {
