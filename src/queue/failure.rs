@@ -68,7 +68,10 @@ impl QueueShard {
             // runs (at each attempt), as in the claim.
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                 [&ids, &self.shared.node_id];
-            if retry_query(&self.pg_claim, |c| &c.refresh, &params)
+            // On the connection that runs failure detection: this node's
+            // detection never runs ahead of its own refresh queued behind
+            // a slow claim (it would reset rows the node still holds).
+            if retry_query(&self.pg_delete, |c| &c.refresh, &params)
                 .await
                 .is_none()
             {

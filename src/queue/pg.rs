@@ -4,8 +4,9 @@
 //! carries the inserts (and the late messages' look-up), each committed
 //! durably before the input offsets are stored; the statements over rows
 //! already stored commit with `synchronous_commit = off`: [`Role::Claim`]
-//! the claims and the liveness refresh, [`Role::Delete`] the deletes and
-//! failure detection. Postgres runs one connection's statements one after
+//! the claims, [`Role::Delete`] the deletes, the liveness refresh and
+//! failure detection (the refresh beside detection: behind a slow claim it
+//! would let this node's own detection reset rows the node holds). Postgres runs one connection's statements one after
 //! another, each with its own commit: on one connection a claim waited
 //! behind an insert and its fdatasync, an insert behind a claim and a
 //! delete, and a claim behind a delete (perf/README, issue 22). A claim,
