@@ -50,7 +50,7 @@ pub struct PopState {
     /// `callback-in-flight-max` entries.
     dispatched: RefCell<HashMap<u64, Dispatched>>,
     /// Callback workers waiting for a pop, most recently idle last: at
-    /// most one per callback slot.
+    /// most [`IDLE_WORKERS_MAX`].
     idle: RefCell<Vec<Rc<Worker>>>,
 }
 
@@ -473,10 +473,16 @@ struct PopJob {
     wait: Option<Duration>,
 }
 
+/// Idle workers a shard keeps for the next pops; a worker finishing its
+/// callback while this many wait ends (a burst of thousands of callbacks
+/// must not keep thousands of tasks alive afterwards).
+const IDLE_WORKERS_MAX: usize = 256;
+
 /// A long-lived callback task: runs one pop's callback at a time, then
 /// waits on the shard's idle list for the next. Workers are made only
 /// while every one is busy, so a shard has at most
-/// `callback-in-flight-max` of them; each ends at shutdown.
+/// `callback-in-flight-max` of them, of which at most [`IDLE_WORKERS_MAX`]
+/// idle; each ends at shutdown.
 pub(super) struct Worker {
     job: Cell<Option<PopJob>>,
     wake: Notify,
@@ -488,6 +494,11 @@ async fn work(shard: Rc<Shard>, me: Rc<Worker>) {
             run_callback(job).await;
         }
         if shard.gate.is_closing() {
+            return;
+        }
+        if shard.pop.idle.borrow().len() >= IDLE_WORKERS_MAX {
+            // Past a burst the extra workers end: one keeps its task's
+            // memory (kilobytes) for good while idle.
             return;
         }
         shard.pop.idle.borrow_mut().push(me.clone());
