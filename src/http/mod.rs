@@ -316,17 +316,12 @@ pub fn format_u64(buf: &mut [u8; 20], mut v: u64) -> &[u8] {
 }
 
 /// Decimal digits of `v` in `buf`, without allocating.
-pub fn format_u32(buf: &mut [u8; 10], mut v: u32) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    &buf[i..]
+pub fn format_u32(buf: &mut [u8; 10], v: u32) -> &[u8] {
+    let mut wide = [0u8; 20];
+    let digits = format_u64(&mut wide, u64::from(v)).len();
+    assert!(digits <= buf.len(), "a u32 has at most 10 digits");
+    buf[10 - digits..].copy_from_slice(&wide[20 - digits..]);
+    &buf[10 - digits..]
 }
 
 #[cfg(test)]
