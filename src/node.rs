@@ -19,6 +19,7 @@
 use crate::api::{Api, ReadyCheck};
 use crate::cluster::Cluster;
 use crate::config::{Config, Resolved};
+use crate::http::guard::Guard;
 use crate::http::server::{Limits, Server};
 use crate::queue::{QueueShard, QueueShared};
 use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
@@ -61,6 +62,8 @@ struct NodeShared {
 struct Reloaded {
     cluster: Cluster,
     instance_id: u16,
+    /// `[timers] callback-allow` as the file now says.
+    guard: Option<Arc<Guard>>,
 }
 
 /// Run a node until shutdown.
@@ -88,6 +91,7 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
     let current = Reloaded {
         cluster: resolved.cluster.clone(),
         instance_id: resolved.instance_id,
+        guard: resolved.guard.clone(),
     };
     let (resync_tx, resyncs) = async_channel::bounded::<()>(RELOADS_QUEUED_MAX);
     let start = Arc::new(resolved.clone());
@@ -308,6 +312,7 @@ async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Rel
     while let Some(Ok(next)) = shard.gate.unless_closing(reloads.recv()).await {
         shard.set_cluster(&next.cluster);
         shard.store.borrow_mut().ids.set_instance(next.instance_id);
+        shard.set_guard(next.guard.clone());
     }
 }
 
@@ -435,11 +440,13 @@ fn reload(
         leaving = ?now.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
         cluster_view_id = %now.view_id,
         instance_id = next.instance_id,
-        "SIGHUP: cluster reloaded (only [cluster] node, joining, leaving and [identity] are applied; other settings take a restart)"
+        callback_allow = ?guard_summary(&next.guard),
+        "SIGHUP: cluster reloaded (only [cluster] node, joining, leaving, [identity] and [timers] callback-allow are applied; other settings take a restart)"
     );
     let shared = Arc::new(Reloaded {
         cluster: next.cluster.clone(),
         instance_id: next.instance_id,
+        guard: next.guard.clone(),
     });
     for (i, tx) in shards.iter().enumerate() {
         if tx.try_send(shared.clone()).is_err() {
@@ -468,5 +475,14 @@ fn reread(start: &Resolved) -> Option<Reloaded> {
     Some(Reloaded {
         cluster: next.resolved.cluster,
         instance_id: next.resolved.instance_id,
+        guard: next.resolved.guard,
     })
+}
+
+/// How the reload line shows the callback guard.
+fn guard_summary(guard: &Option<Arc<Guard>>) -> String {
+    match guard {
+        None => "unset (every host)".into(),
+        Some(g) => format!("{} rules", g.len()),
+    }
 }
