@@ -21,8 +21,10 @@
 
 use crate::cluster::sites::Sites;
 use crate::cluster::Cluster;
+use crate::http::guard::Guard;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 pub mod overrides;
 pub mod reload;
@@ -257,6 +259,10 @@ pub struct TimersConfig {
     pub default_replication_factor: u8,
     /// Pending timers per shard; beyond it creation gets `503`.
     pub timers_per_shard_max: usize,
+    /// Which hosts callbacks may reach (`http::guard`): CIDRs and host
+    /// suffixes, `!` to deny, the first match deciding. `None`: every
+    /// host, and no resolution at create time. Reloaded by SIGHUP.
+    pub callback_allow: Option<Vec<String>>,
 }
 
 impl Default for TimersConfig {
@@ -271,6 +277,7 @@ impl Default for TimersConfig {
             replica_skew_ms: 2000,
             default_replication_factor: 2,
             timers_per_shard_max: 8_000_000,
+            callback_allow: None,
         }
     }
 }
@@ -457,6 +464,8 @@ pub struct Resolved {
     pub source: Source,
     /// What start-up should log at warn (unknown `CHRONOS_*` variables).
     pub warnings: Vec<String>,
+    /// `[timers] callback-allow` parsed; `None`: callbacks go anywhere.
+    pub guard: Option<Arc<Guard>>,
 }
 
 /// Where a configuration was read from: the file, and the overrides as
@@ -551,6 +560,7 @@ impl Config {
     ) -> Result<Resolved, String> {
         let (ip, shards) = self.check_engine(available_cores)?;
         self.check_limits()?;
+        let guard = self.resolve_guard()?;
         let cluster = self.resolve_cluster(ip)?;
         let instance_id = self.resolve_instance(&cluster)?;
         self.check_skew_rule(&cluster)?;
@@ -567,7 +577,16 @@ impl Config {
             sites,
             source: Source::default(),
             warnings: Vec::new(),
+            guard,
         })
+    }
+
+    /// `[timers] callback-allow`, parsed (a bad rule is named).
+    fn resolve_guard(&self) -> Result<Option<Arc<Guard>>, String> {
+        match &self.timers.callback_allow {
+            None => Ok(None),
+            Some(rules) => Guard::parse(rules).map(|g| Some(Arc::new(g))),
+        }
     }
 
     /// `[sites]`: a section must name this site.

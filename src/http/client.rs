@@ -13,6 +13,7 @@
 //! with `httparse` by one reader ([`read_response`]): Content-Length,
 //! chunked, or close-delimited bodies, bounded in size.
 
+use super::guard::Guard;
 use super::permits::{Permit, Permits};
 use super::{format_u32, uri};
 use crate::runtime::notify::Notify;
@@ -24,6 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Idle connections kept per target.
@@ -237,6 +239,9 @@ pub struct RequestError {
     /// Not sent because it was no longer wanted (its timer was deleted or
     /// replaced while it waited).
     pub withdrawn: bool,
+    /// Not sent because the callback guard (`[timers] callback-allow`)
+    /// refuses the address its host resolved to now.
+    pub refused: bool,
     pub reason: String,
 }
 
@@ -246,6 +251,7 @@ impl RequestError {
             sent: false,
             waited_out: false,
             withdrawn: false,
+            refused: false,
             reason,
         }
     }
@@ -300,6 +306,9 @@ pub struct Client {
     spare_batches: RefCell<Vec<LaneVecs>>,
     /// Asked by lanes before a callback is sent.
     wanted: RefCell<Option<Wanted>>,
+    /// `[timers] callback-allow`: checked on the address a callback is
+    /// about to use (`None`: every address).
+    guard: RefCell<Option<Arc<Guard>>>,
 }
 
 /// A client's timeouts and bounds.
@@ -326,7 +335,13 @@ impl Client {
             spare_batches: RefCell::new(Vec::new()),
             spare_batch_buffers: RefCell::new(Vec::new()),
             wanted: RefCell::new(None),
+            guard: RefCell::new(None),
         }
+    }
+
+    /// Set (or clear) the callback guard; a reload calls it again.
+    pub fn set_guard(&self, guard: Option<Arc<Guard>>) {
+        *self.guard.borrow_mut() = guard;
     }
 
     /// Set the check lanes make before sending a queued callback.
@@ -396,6 +411,16 @@ impl Client {
             .resolve_for(r.host, r.port, resolve_for)
             .await
             .map_err(unsent)?;
+        // The address this callback will connect to, as resolved now: a
+        // name allowed at create time may point elsewhere since.
+        if let Some(guard) = &*self.guard.borrow() {
+            guard
+                .decide(r.host, addr.ip())
+                .map_err(|reason| RequestError {
+                    refused: true,
+                    ..unsent(reason)
+                })?;
+        }
         let pool = self.pool(addr);
         pool.admit_waiter(addr, pool.queued.get()).map_err(unsent)?;
         let mut request = self.take_buffer();
