@@ -114,11 +114,17 @@ pub struct CallbackKey {
     pub unique: u64,
     pub version: u64,
     pub sequence: u32,
+    /// When the pop was due (engine ms), for [`Sent`].
+    pub due_ms: u64,
 }
 
 /// Whether a queued callback should still be sent (set by the layer that
 /// owns the timers; without one, every callback is).
 pub type Wanted = Box<dyn Fn(&CallbackKey) -> bool>;
+
+/// Told, for each callback, when its request's first byte was handed to
+/// the socket (the pop lateness metric). It must not call the client.
+pub type Sent = Box<dyn Fn(&CallbackKey, Instant)>;
 
 /// A request queued for its target's lanes. Kept for reuse once its
 /// caller is done with it ([`Client::give_job`]).
@@ -306,6 +312,8 @@ pub struct Client {
     spare_batches: RefCell<Vec<LaneVecs>>,
     /// Asked by lanes before a callback is sent.
     wanted: RefCell<Option<Wanted>>,
+    /// Told by lanes when a batch of callbacks went on the wire.
+    sent: RefCell<Option<Sent>>,
     /// `[timers] callback-allow`: checked on the address a callback is
     /// about to use (`None`: every address).
     guard: RefCell<Option<Arc<Guard>>>,
@@ -335,8 +343,14 @@ impl Client {
             spare_batches: RefCell::new(Vec::new()),
             spare_batch_buffers: RefCell::new(Vec::new()),
             wanted: RefCell::new(None),
+            sent: RefCell::new(None),
             guard: RefCell::new(None),
         }
+    }
+
+    /// Set what lanes tell when callbacks go on the wire.
+    pub fn set_sent(&self, sent: Sent) {
+        *self.sent.borrow_mut() = Some(sent);
     }
 
     /// Set (or clear) the callback guard; a reload calls it again.
@@ -553,9 +567,15 @@ impl Client {
             bytes.extend_from_slice(&job.request.borrow());
         }
         let sent_at = Instant::now();
+        let on_wire = Cell::new(None);
         let result = self
-            .pipeline(addr, &bytes, batch.len(), self.timeout, &mut statuses)
+            .pipeline_marked(addr, &bytes, batch.len(), &mut statuses, &on_wire)
             .await;
+        if let (Some(at), Some(sent)) = (on_wire.get(), &*self.sent.borrow()) {
+            for key in batch.iter().filter_map(|job| job.key.as_ref()) {
+                sent(key, at);
+            }
+        }
         pool.failed_at.set(result.is_err().then(Instant::now));
         self.adapt_batch(pool, batch.len(), sent_at.elapsed(), result.is_ok());
         for (i, job) in batch.drain(..).enumerate() {
@@ -686,6 +706,34 @@ impl Client {
         timeout: Duration,
         statuses: &mut Vec<u16>,
     ) -> Result<(), String> {
+        let on_wire = Cell::new(None);
+        self.pipeline_within(addr, requests, count, timeout, statuses, &on_wire)
+            .await
+    }
+
+    /// A callback lane's batch ([`Client::pipeline`] within the callback
+    /// timeout): `on_wire` gets when its first byte went to the socket.
+    async fn pipeline_marked(
+        &self,
+        addr: SocketAddr,
+        requests: &[u8],
+        count: usize,
+        statuses: &mut Vec<u16>,
+        on_wire: &Cell<Option<Instant>>,
+    ) -> Result<(), String> {
+        self.pipeline_within(addr, requests, count, self.timeout, statuses, on_wire)
+            .await
+    }
+
+    async fn pipeline_within(
+        &self,
+        addr: SocketAddr,
+        requests: &[u8],
+        count: usize,
+        timeout: Duration,
+        statuses: &mut Vec<u16>,
+        on_wire: &Cell<Option<Instant>>,
+    ) -> Result<(), String> {
         assert!(count > 0 && !requests.is_empty(), "a batch has requests");
         statuses.clear();
         let pool = self.pool(addr);
@@ -694,6 +742,9 @@ impl Client {
         let work = async {
             for attempt in 0..2 {
                 let (mut stream, reused) = self.take_connection(&pool, addr, deadline).await?;
+                if on_wire.get().is_none() {
+                    on_wire.set(Some(Instant::now()));
+                }
                 match exchange_batch(&mut stream, requests, count, statuses, &mut received).await {
                     Ok(keep) => {
                         if keep {
