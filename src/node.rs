@@ -260,13 +260,40 @@ fn announce_if_ready(shard: &Shard, announced: &AtomicBool) {
 
 /// What `chronos check-config` checks beyond `Config::load`, without
 /// changing anything: what `run` needs before the engine starts, i.e. the
-/// `[storage]` directory (`storage::check_path`). Not checked: the
-/// listeners (only a bind tells), Postgres and the brokers (not
-/// contacted), and the `[queue.producer]`/`[queue.consumer]` properties,
-/// which librdkafka judges when the node starts. `Ok` describes the
-/// storage.
+/// `[storage]` directory (`storage::check_path`) and, with `[queue]`, the
+/// `[queue.producer]`/`[queue.consumer]` properties as librdkafka judges
+/// them. Not checked: the listeners (only a bind tells), Postgres and the
+/// brokers (not contacted). `Ok` describes the storage.
 pub fn check(resolved: &Resolved) -> Result<String, String> {
+    if let Some(q) = &resolved.config.queue {
+        check_kafka_properties(q)?;
+    }
     storage::check_path(&resolved.config.storage)
+}
+
+/// Make (and drop) a producer and a consumer with the configured
+/// properties, as `QueueShared::start` does, without subscribing or
+/// sending: librdkafka refuses an unknown property or a bad value when a
+/// client is made, which would otherwise first show at start.
+fn check_kafka_properties(q: &crate::queue::QueueConfig) -> Result<(), String> {
+    use rdkafka::config::ClientConfig;
+    let client = |properties: &std::collections::BTreeMap<String, toml::Value>| {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &q.kafka_brokers);
+        for (k, v) in properties {
+            c.set(k, crate::queue::QueueConfig::property(v));
+        }
+        c
+    };
+    client(&q.producer)
+        .create::<rdkafka::producer::BaseProducer>()
+        .map(drop)
+        .map_err(|e| format!("[queue.producer]: {e}"))?;
+    client(&q.consumer)
+        .set("group.id", &q.consumer_group)
+        .create::<rdkafka::consumer::BaseConsumer>()
+        .map(drop)
+        .map_err(|e| format!("[queue.consumer]: {e}"))
 }
 
 /// `/ready` beyond the shards: the delay queue's Postgres and broker.
