@@ -10,6 +10,7 @@ pub mod client;
 pub mod permits;
 pub mod ring;
 pub mod server;
+pub mod tls;
 pub mod uri;
 
 use std::mem::MaybeUninit;
