@@ -29,7 +29,7 @@ use std::sync::Arc;
 pub mod overrides;
 pub mod reload;
 
-pub use overrides::{Applied, Cli, Override, USAGE};
+pub use overrides::{Applied, Cli, Override};
 pub use reload::Reread;
 
 /// What the skew rule leaves for a pop's replication to reach the next

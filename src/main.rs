@@ -1,41 +1,68 @@
-//! `chronos`: the binary. Parses flags and config, then hands over to the
-//! composition root (`node::run`), which starts the engine: one pinned
-//! shard per core.
+//! `chronos`: the binary. Parses the command line (`cli`: `run`, the
+//! default, `resync`, `check-config`, `status`), the config, then hands
+//! over to the composition root (`node::run`), which starts the engine:
+//! one pinned shard per core.
 //!
 //! Reading order for the hot path: `node::run` → `runtime::run` →
 //! `node::shard_main` → `http::server` → `api::handle` → `shard` (create/update/delete) → `wheel` → `shard::pop`
 //! → `http::client` (the callback).
 
-use chronos::config::{Cli, Config, USAGE};
+mod cli;
+
+use chronos::config::Config;
+use clap::Parser;
+use cli::{Command, RunArgs};
 use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("resync") {
-        return resync_command(&args[1..]);
+    let parsed = match cli::Cli::try_parse() {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            // Help and version on stdout with 0, usage errors on stderr
+            // with 2 (clap's codes); a closed pipe is no reason to panic.
+            let _ = e.print();
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    match parsed.command {
+        None => run(&parsed.run),
+        Some(Command::Run(args)) => run(&args),
+        Some(Command::Resync(args)) => finish("chronos resync", cli::resync::command(&args)),
+        Some(Command::Status(args)) => finish("chronos status", cli::status::command(&args)),
+        Some(Command::CheckConfig(args)) => {
+            const WHO: &str = "chronos check-config";
+            if let Some(why) = non_utf8_setting() {
+                return fail(WHO, &why, 2);
+            }
+            let warn = |w: &str| {
+                let _ = writeln!(std::io::stderr(), "{WHO}: warning: {w}");
+            };
+            let checked = cli::check::command(&args, warn);
+            finish(WHO, checked.map_err(|e| (2, e)))
+        }
     }
-    if let Some(name) = non_utf8_setting() {
-        // Read as absent, it would start the node without it (a shared
-        // secret, say): refused, naming the variable, never its value.
-        let why = format!("environment variable {name} is not valid UTF-8");
+}
+
+/// A subcommand's end: its text on stdout and 0, or its reason on stderr
+/// and its status.
+fn finish(who: &str, result: Result<String, (u8, String)>) -> ExitCode {
+    match result {
+        Ok(text) => print(&text),
+        Err((status, why)) => fail(who, &why, status),
+    }
+}
+
+/// `chronos [run] [flags]`: start a node and run it until shutdown.
+fn run(args: &RunArgs) -> ExitCode {
+    if let Some(why) = non_utf8_setting() {
         return fail("chronos", &why, 2);
     }
-    let cli = match Cli::parse(&args, |k| std::env::var(k).ok()) {
+    let cli = match chronos::config::Cli::parse(&args.words(), |k| std::env::var(k).ok()) {
         Ok(cli) => cli,
         Err(e) => return fail("chronos", &e, 2),
     };
-    if cli.help {
-        return print(USAGE);
-    }
-    if cli.version {
-        return print(&format!("chronos {}", env!("CARGO_PKG_VERSION")));
-    }
-    let available = core_affinity::get_core_ids()
-        .map(|c| c.len())
-        .unwrap_or(1)
-        .max(1);
-    let resolved = match Config::load(&cli, available) {
+    let resolved = match Config::load(&cli, cli::available_cores()) {
         Ok(r) => r,
         Err(e) => return fail("chronos", &e, 2),
     };
@@ -90,9 +117,7 @@ impl Write for LogWriter {
 
 /// Logs to stderr at `RUST_LOG`, else at the configured level.
 fn init_logging(level: &str) -> Result<(), String> {
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| level.to_string());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .map_err(|e| format!("invalid log level {filter:?}: {e}"))?;
+    let filter = cli::log_filter(level)?;
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -105,7 +130,7 @@ fn init_logging(level: &str) -> Result<(), String> {
 
 /// One line with what the node will run with: never the shared secret,
 /// only whether one is set.
-fn log_resolved(cli: &Cli, resolved: &chronos::config::Resolved) {
+fn log_resolved(cli: &chronos::config::Cli, resolved: &chronos::config::Resolved) {
     let c = &resolved.config;
     let sites = &resolved.sites;
     let throttling = c.throttling.as_ref();
@@ -155,291 +180,13 @@ fn remote_sites(sites: &chronos::cluster::sites::Sites) -> Vec<String> {
     sites.remote.iter().map(one).collect()
 }
 
-const RESYNC_USAGE: &str = "\
-usage: chronos resync [--wait] [--all-views] [--address IP:PORT] [--timeout-s N]
-                      [--config FILE]
-       chronos resync --help
-
-Ask a running node for a resync (POST /resync), as SIGUSR1 does.
-  --address IP:PORT  the node's HTTP address (default 127.0.0.1:7253, the
-                     embedded default's)
-  --wait             wait until that run finished (polling GET /cluster) and
-                     print what this run did: received, added, replicated,
-                     tombstoned, peer-errors
-  --all-views        a restore: the peers list every timer this node is a
-                     replica of, whatever its cluster view (what a node runs
-                     at start after a crash)
-  --timeout-s N      stop waiting after N seconds (default 600)
-  --config FILE      the node's config file (default $CHRONOS_CONFIG), whose
-                     [cluster] shared-secret is sent
-Exit status: 0 requested (with --wait: complete); 1 refused by the node,
-unreachable, failed or not finished in time; 2 a bad argument or an
-unreadable config.";
-
-/// `chronos resync`'s arguments.
-struct ResyncArgs {
-    help: bool,
-    wait: bool,
-    all_views: bool,
-    address: std::net::SocketAddr,
-    timeout: std::time::Duration,
-    config: Option<String>,
-}
-
-/// Parse `chronos resync`'s arguments (`--flag value` or `--flag=value`);
-/// `config` is `CHRONOS_CONFIG`. `Err` names the bad argument.
-fn parse_resync(args: &[String], config: Option<String>) -> Result<ResyncArgs, String> {
-    let mut parsed = ResyncArgs {
-        help: false,
-        wait: false,
-        all_views: false,
-        address: ([127, 0, 0, 1], 7253).into(),
-        timeout: std::time::Duration::from_secs(600),
-        config,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag {
-            "-h" | "--help" => parsed.help = true,
-            "--wait" => parsed.wait = true,
-            "--all-views" => parsed.all_views = true,
-            "--address" => {
-                let v = value()?;
-                parsed.address = v
-                    .parse()
-                    .map_err(|_| format!("--address {v:?} is not IP:PORT (e.g. 127.0.0.1:7253)"))?;
-            }
-            "--timeout-s" => {
-                let v = value()?;
-                let s = v
-                    .parse()
-                    .map_err(|_| format!("--timeout-s {v:?} is not a number of seconds"))?;
-                parsed.timeout = std::time::Duration::from_secs(s);
-            }
-            "-c" | "--config" => parsed.config = Some(value()?),
-            _ => return Err(format!("unknown argument {arg:?}")),
-        }
-    }
-    Ok(parsed)
-}
-
-/// `chronos resync` (see `RESYNC_USAGE`): ask a running node for a resync;
-/// with `--wait`, wait for that run and print its own figures. The node's
-/// config file gives the `[cluster] shared-secret` to send.
-fn resync_command(args: &[String]) -> ExitCode {
-    const WHO: &str = "chronos resync";
-    let parsed = match parse_resync(args, std::env::var("CHRONOS_CONFIG").ok()) {
-        Ok(p) => p,
-        Err(e) => {
-            let usage = RESYNC_USAGE.lines().take(2).collect::<Vec<_>>().join("\n");
-            return fail(WHO, &format!("{e}\n{usage}"), 2);
-        }
-    };
-    if parsed.help {
-        return print(RESYNC_USAGE);
-    }
-    let authorization = match secret_of(parsed.config.as_deref()) {
-        Ok(secret) => secret.map(|s| s.bearer()),
-        Err(e) => return fail(WHO, &e, 2),
-    };
-    let admin = Admin {
-        address: parsed.address,
-        authorization,
-    };
-    match resync_at(&admin, &parsed) {
-        Ok(message) => print(&message),
-        Err(e) => fail(WHO, &e, 1),
-    }
-}
-
-/// The `[cluster] shared-secret` of the config file at `path`, if any.
-fn secret_of(path: Option<&str>) -> Result<Option<chronos::config::Secret>, String> {
-    // The variable wins over the file, as it does for the node.
-    if let Ok(text) = std::env::var("CHRONOS_CLUSTER_SHARED_SECRET") {
-        return Ok(Some(chronos::config::Secret::new(&text)));
-    }
-    let Some(path) = path else {
-        return Ok(None);
-    };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read config file {path:?}: {e}"))?;
-    let config = Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?;
-    Ok(config.cluster.shared_secret)
-}
-
-/// A node's admin API: its address, and the `Authorization` value to send
-/// (`Bearer <secret>`) when the cluster has a shared secret.
-struct Admin {
-    address: std::net::SocketAddr,
-    authorization: Option<String>,
-}
-
-/// `POST /resync`; with `--wait`, `GET /cluster`'s `resync` object is read
-/// first, so that the run's own figures can be told from the node's
-/// totals.
-fn resync_at(admin: &Admin, args: &ResyncArgs) -> Result<String, String> {
-    let address = admin.address;
-    let before = match args.wait {
-        true => Some(resync_report(admin)?),
-        false => None,
-    };
-    let query = if args.all_views {
-        "?all-views=true"
-    } else {
-        ""
-    };
-    let (status, body) = admin_request(admin, "POST", &format!("/resync{query}"))?;
-    if status != 202 {
-        return Err(format!("{address} answered {status}: {body}"));
-    }
-    let run = json_of(&body)?["run"]
-        .as_u64()
-        .ok_or("no run number in the answer")?;
-    match before {
-        Some(before) => wait_for_run(admin, run, before, args.timeout),
-        None => Ok(format!("resync run {run} requested")),
-    }
-}
-
-/// `GET /cluster`'s `resync` object.
-fn resync_report(admin: &Admin) -> Result<serde_json::Value, String> {
-    let (status, body) = admin_request(admin, "GET", "/cluster")?;
-    if status != 200 {
-        return Err(format!(
-            "{} answered {status} to GET /cluster: {body}",
-            admin.address
-        ));
-    }
-    Ok(json_of(&body)?["resync"].take())
-}
-
-/// A count in a `resync` object.
-fn count(report: &serde_json::Value, name: &str) -> u64 {
-    report[name].as_u64().unwrap_or(0)
-}
-
-/// Poll `GET /cluster` until run `run` finished. `before` is the `resync`
-/// object read before the request; it is replaced by later readings while
-/// the run has not started, so that it ends as close to the run's start
-/// as can be seen from outside.
-fn wait_for_run(
-    admin: &Admin,
-    run: u64,
-    mut before: serde_json::Value,
-    timeout: std::time::Duration,
-) -> Result<String, String> {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        let r = resync_report(admin)?;
-        if count(&r, "finished-runs") >= run {
-            let figures = run_figures(run, &before, &r);
-            // Runs finish in order, so the state is this run's or a later one's.
-            return match r["state"].as_str() {
-                Some("complete") => Ok(format!("resync run {run} complete: {figures}")),
-                _ => Err(format!(
-                    "resync run {run} failed: {}; {figures}",
-                    r["last-error"].as_str().unwrap_or("")
-                )),
-            };
-        }
-        let started = count(&r, "started-runs");
-        if std::time::Instant::now() > deadline {
-            // Checked on every pass: a run that never starts (an earlier
-            // one still going, or the node restarted) ends the wait too.
-            if started < run {
-                return Err(format!(
-                    "resync run {run} did not start within the timeout (started-runs {started})"
-                ));
-            }
-            let figures = run_figures(run, &before, &r);
-            return Err(format!(
-                "resync run {run} did not finish within the timeout; so far: {figures}"
-            ));
-        }
-        if started < run {
-            before = r;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
-/// What run `run` did: the node's counters now less those of `before`,
-/// with a note when they may include another run's work.
-fn run_figures(run: u64, before: &serde_json::Value, now: &serde_json::Value) -> String {
-    let names = [
-        "received",
-        "added",
-        "replicated",
-        "tombstoned",
-        "peer-errors",
-    ];
-    let mut text = names
-        .iter()
-        .map(|n| format!("{n} {}", count(now, n).saturating_sub(count(before, n))))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let previous = run - 1;
-    if count(before, "started-runs") != previous || count(before, "finished-runs") != previous {
-        text.push_str(&format!(
-            " (run {previous} was still running when asked: these include its end)"
-        ));
-    }
-    let finished = count(now, "finished-runs");
-    if finished > run {
-        text.push_str(&format!(" (they include the later runs up to {finished})"));
-    }
-    text
-}
-
-fn json_of(body: &str) -> Result<serde_json::Value, String> {
-    serde_json::from_str(body).map_err(|e| format!("an answer that is not JSON ({e}): {body}"))
-}
-
-/// One HTTP/1.1 request with `Connection: close`, carrying the shared
-/// secret if there is one; `(status, body)`.
-fn admin_request(admin: &Admin, method: &str, path: &str) -> Result<(u16, String), String> {
-    use std::io::Read;
-    let address = admin.address;
-    let timeout = std::time::Duration::from_secs(10);
-    let mut stream = std::net::TcpStream::connect_timeout(&address, timeout)
-        .map_err(|e| format!("{address}: {e}"))?;
-    let _ = stream.set_read_timeout(Some(timeout));
-    let authorization = match &admin.authorization {
-        Some(value) => format!("Authorization: {value}\r\n"),
-        None => String::new(),
-    };
-    let request = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n{authorization}\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| format!("{address}: {e}"))?;
-    let mut answer = Vec::new();
-    stream
-        .read_to_end(&mut answer)
-        .map_err(|e| format!("{address}: {e}"))?;
-    let text = String::from_utf8_lossy(&answer);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or("a truncated answer")?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or("no status line")?;
-    Ok((status, body.to_string()))
-}
-
-/// The name of a `CHRONOS_*` variable whose value is not valid UTF-8.
+/// Why the environment is refused: a `CHRONOS_*` variable whose value is
+/// not valid UTF-8. Read as absent, it would start the node without it (a
+/// shared secret, say): refused, naming the variable, never its value.
 fn non_utf8_setting() -> Option<String> {
     std::env::vars_os().find_map(|(k, v)| {
         let k = k.to_str()?;
-        (k.starts_with("CHRONOS_") && v.to_str().is_none()).then(|| k.to_string())
+        (k.starts_with("CHRONOS_") && v.to_str().is_none())
+            .then(|| format!("environment variable {k} is not valid UTF-8"))
     })
 }

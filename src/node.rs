@@ -22,6 +22,7 @@ use crate::config::{Config, Resolved};
 use crate::http::server::{Limits, Server};
 use crate::queue::{QueueShard, QueueShared};
 use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
+use crate::runtime::systemd;
 use crate::runtime::{EngineConfig, ShardCtx, SignalHook, DRAIN_TIMEOUT, SIGHUP, SIGUSR1};
 use crate::shard::rebalance::resync_loop;
 use crate::shard::{durable, pop_loop, MeshMsg, Reply, Shard};
@@ -29,7 +30,7 @@ use crate::stats::ShardStats;
 use crate::storage::{self, Recovered};
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +52,8 @@ struct NodeShared {
     recovered: Vec<std::sync::Mutex<Option<(PathBuf, Recovered)>>>,
     /// Keeps the storage directory locked for the process's life.
     _layout: Option<storage::Layout>,
+    /// Whether systemd was told `READY=1` (once; the SIGHUP hook reads it).
+    announced: Arc<AtomicBool>,
 }
 
 /// What a reload hands every shard: the new cluster and this node's
@@ -88,7 +91,8 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
     };
     let (resync_tx, resyncs) = async_channel::bounded::<()>(RELOADS_QUEUED_MAX);
     let start = Arc::new(resolved.clone());
-    let hook = signal_hook(start, current, reload_tx, resync_tx);
+    let announced = Arc::new(AtomicBool::new(false));
+    let hook = signal_hook(start, current, reload_tx, resync_tx, announced.clone());
     let queue = match &resolved.config.queue {
         Some(q) => Some(QueueShared::start(q, shards)?),
         None => None,
@@ -109,6 +113,7 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
         resyncs,
         recovered,
         _layout: layout,
+        announced,
     });
     crate::runtime::run(&engine, hook, move |ctx| shard_main(ctx, node.clone()))
 }
@@ -180,6 +185,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         QueueShard::start(q.clone(), index, node.stats.clone(), gate.clone());
     }
     shard.my_stats().up.store(true, Ordering::Relaxed);
+    announce_if_ready(&shard, &node.announced);
     let http = &resolved.config.http;
     let limits = Limits {
         connections_max: http.connections_max,
@@ -217,10 +223,11 @@ fn start_timers(shard: &Rc<Shard>, node: &NodeShared, index: usize) {
         Some((dir, recovered)) => {
             // The server answers (`/ready`: recovering) while the store is
             // rebuilt; the pop loop starts once it is.
-            let shard = shard.clone();
+            let (shard, announced) = (shard.clone(), node.announced.clone());
             glommio::spawn_local(async move {
                 durable::recover(&shard, dir, recovered).await;
                 shard.my_stats().recovering.store(false, Ordering::Relaxed);
+                announce_if_ready(&shard, &announced);
                 durable::catch_up(&shard).await;
                 shard.gate.spawn(pop_loop(shard.clone()));
             })
@@ -230,6 +237,33 @@ fn start_timers(shard: &Rc<Shard>, node: &NodeShared, index: usize) {
             shard.gate.spawn(pop_loop(shard.clone()));
         }
     }
+}
+
+/// systemd's `READY=1` (`Type=notify`), once: when every shard listens
+/// and none is replaying its log, i.e. when `/ready` answers 200 as far
+/// as the shards go. Each shard checks after its own step (listening,
+/// recovered), so the last one to get there sends it. The delay queue's
+/// Postgres and broker are left out: they may be down for long, and the
+/// timer service serves meanwhile (`/ready` names them).
+fn announce_if_ready(shard: &Shard, announced: &AtomicBool) {
+    // Orders this shard's store before the loads of the others', so that
+    // of two shards finishing together at least one sees both done.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if shard.readiness().is_ok() && !announced.swap(true, Ordering::SeqCst) {
+        tracing::info!(target: "chronos::node", "ready: every shard serves");
+        systemd::tell("READY=1");
+    }
+}
+
+/// What `chronos check-config` checks beyond `Config::load`, without
+/// changing anything: what `run` needs before the engine starts, i.e. the
+/// `[storage]` directory (`storage::check_path`). Not checked: the
+/// listeners (only a bind tells), Postgres and the brokers (not
+/// contacted), and the `[queue.producer]`/`[queue.consumer]` properties,
+/// which librdkafka judges when the node starts. `Ok` describes the
+/// storage.
+pub fn check(resolved: &Resolved) -> Result<String, String> {
+    storage::check_path(&resolved.config.storage)
 }
 
 /// `/ready` beyond the shards: the delay queue's Postgres and broker.
@@ -325,6 +359,7 @@ fn signal_hook(
     mut current: Reloaded,
     shards: Vec<async_channel::Sender<Arc<Reloaded>>>,
     resync: async_channel::Sender<()>,
+    announced: Arc<AtomicBool>,
 ) -> SignalHook {
     Box::new(move |signal| {
         if signal == SIGUSR1 {
@@ -337,36 +372,17 @@ fn signal_hook(
             return;
         }
         assert_eq!(signal, SIGHUP, "the engine hands over SIGHUP and SIGUSR1");
-        reload_tls(&start);
-        let Some(next) = reread(&start) else {
-            return;
-        };
-        let (was, now) = (&current.cluster, &next.cluster);
-        if now.local_address != was.local_address {
-            tracing::error!(target: "chronos::node", "SIGHUP: this node's address would change ({} to {}), which needs a restart; keeping the current cluster", was.local_address, now.local_address);
-            return;
+        // systemd hears of the reload only once it was told the node is
+        // ready: a READY=1 after a reload during the start would announce
+        // a node still recovering.
+        let ready = announced.load(Ordering::SeqCst);
+        if ready {
+            systemd::tell(&systemd::reloading());
         }
-        if next.instance_id != current.instance_id {
-            tracing::warn!(target: "chronos::node", "SIGHUP: this node's instance ID moves from {} to {} under the new member list", current.instance_id, next.instance_id);
+        reload(&start, &mut current, &shards);
+        if ready {
+            systemd::tell("READY=1");
         }
-        tracing::info!(
-            target: "chronos::node",
-            nodes = ?now.nodes.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
-            leaving = ?now.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
-            cluster_view_id = %now.view_id,
-            instance_id = next.instance_id,
-            "SIGHUP: cluster reloaded (only [cluster] node, joining, leaving and [identity] are applied; other settings take a restart)"
-        );
-        let shared = Arc::new(Reloaded {
-            cluster: next.cluster.clone(),
-            instance_id: next.instance_id,
-        });
-        for (i, tx) in shards.iter().enumerate() {
-            if tx.try_send(shared.clone()).is_err() {
-                tracing::error!(target: "chronos::node", "SIGHUP: shard {i} has {RELOADS_QUEUED_MAX} reloads pending; this one is dropped there");
-            }
-        }
-        current = next;
     })
 }
 
@@ -383,6 +399,44 @@ fn reload_tls(start: &Resolved) {
             tracing::error!(target: "chronos::node", "SIGHUP: TLS certificate refused, keeping the current one: {e}")
         }
     }
+}
+
+/// A SIGHUP: re-read the file and hand a valid cluster to every shard.
+fn reload(
+    start: &Resolved,
+    current: &mut Reloaded,
+    shards: &[async_channel::Sender<Arc<Reloaded>>],
+) {
+    reload_tls(start);
+    let Some(next) = reread(start) else {
+        return;
+    };
+    let (was, now) = (&current.cluster, &next.cluster);
+    if now.local_address != was.local_address {
+        tracing::error!(target: "chronos::node", "SIGHUP: this node's address would change ({} to {}), which needs a restart; keeping the current cluster", was.local_address, now.local_address);
+        return;
+    }
+    if next.instance_id != current.instance_id {
+        tracing::warn!(target: "chronos::node", "SIGHUP: this node's instance ID moves from {} to {} under the new member list", current.instance_id, next.instance_id);
+    }
+    tracing::info!(
+        target: "chronos::node",
+        nodes = ?now.nodes.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
+        leaving = ?now.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
+        cluster_view_id = %now.view_id,
+        instance_id = next.instance_id,
+        "SIGHUP: cluster reloaded (only [cluster] node, joining, leaving and [identity] are applied; other settings take a restart)"
+    );
+    let shared = Arc::new(Reloaded {
+        cluster: next.cluster.clone(),
+        instance_id: next.instance_id,
+    });
+    for (i, tx) in shards.iter().enumerate() {
+        if tx.try_send(shared.clone()).is_err() {
+            tracing::error!(target: "chronos::node", "SIGHUP: shard {i} has {RELOADS_QUEUED_MAX} reloads pending; this one is dropped there");
+        }
+    }
+    *current = next;
 }
 
 /// Re-read the configuration for a SIGHUP, logging what it does not

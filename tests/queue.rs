@@ -360,3 +360,78 @@ fn a_poison_message_costs_only_itself_and_headers_survive_byte_for_byte() {
     );
     assert!(node.log_text().contains("rejected"), "{}", node.log_text());
 }
+
+/// Issue 22: the queue table's dead rows (a claim's update and a delete per
+/// message) must not wait for Postgres's autovacuum, which may be off (as
+/// on the CI machine) or a minute away: the node vacuums the table itself
+/// once `vacuum-dead-rows` pile up. A new table also gets its own
+/// autovacuum threshold. Autovacuum is switched off for this table here, so
+/// only the node can have vacuumed it.
+#[test]
+fn the_node_vacuums_its_table_once_dead_rows_pile_up() {
+    let s = setup("vacuum", 1);
+    let node = s.node("vacuum-dead-rows = 300\nvacuum-check-ms = 200");
+    wait_ready(&node);
+    let options = psql(&format!(
+        "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = '{}'::regclass",
+        s.table
+    ));
+    assert!(
+        options.contains("autovacuum_vacuum_scale_factor=0")
+            && options.contains("autovacuum_vacuum_threshold="),
+        "a new table has no autovacuum settings of its own: {options:?}"
+    );
+    psql(&format!(
+        "ALTER TABLE {} SET (autovacuum_enabled = false)",
+        s.table
+    ));
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let p = producer(&s.broker.brokers());
+    let ids: Vec<String> = (0..1_000).map(|i| format!("v{i}")).collect();
+    let dl = iso(now_ms() + 1_500);
+    let inputs: Vec<Input<'_>> = ids
+        .iter()
+        .map(|id| Input {
+            key: Some(id),
+            value: b"v",
+            headers: vec![("chronosMessageId", id), ("chronosDeadline", &dl)],
+        })
+        .collect();
+    produce(&p, &s.input, &inputs);
+    let seen = reader.wait_for(1_000, Duration::from_secs(60));
+    assert_eq!(seen.len(), 1_000, "{}", node.log_text());
+    let vacuum_count = || {
+        psql(&format!(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = '{}'::regclass",
+            s.table
+        ))
+        .parse::<i64>()
+        .unwrap_or(0)
+    };
+    // 2,000 dead rows, reported within about a second: vacuumed within
+    // a few look-ups after that.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while vacuum_count() == 0 || node.metric("chronos_queue_vacuums_total") < 1.0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the node never vacuumed its table (vacuum_count {}, metric {}):\n{}",
+            vacuum_count(),
+            node.metric("chronos_queue_vacuums_total"),
+            node.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Wait (bounded) until the node answers `/ready` with 200.
+fn wait_ready(node: &Node) {
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    while node.request("GET", "/ready", "").status != 200 {
+        assert!(
+            std::time::Instant::now() < until,
+            "never ready: {}",
+            node.request("GET", "/ready", "").text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -44,21 +44,6 @@ const FLAGS: [(&str, &str, &str, &str); 5] = [
 /// The variable that names the config file (not a key).
 pub const CONFIG_VAR: &str = "CHRONOS_CONFIG";
 
-pub const USAGE: &str = "\
-usage: chronos [--config FILE.toml] [--bind-address IP] [--bind-port PORT]
-               [--cores N] [--localhost IP:PORT] [--log-level FILTER]
-       chronos --help | --version
-
-With no file, chronos runs the embedded default: a single node on
-127.0.0.1:7253, in memory, on every core.
-Environment: CHRONOS_CONFIG (the file), and every key of the file as
-CHRONOS_<SECTION>_<KEY>, upper case, dashes as underscores, e.g.
-CHRONOS_TIMERS_CALLBACK_TIMEOUT_MS=1000 or CHRONOS_SITES_LOCAL_SITE=east;
-a value is read as TOML (1000, true, [\"a:1\"]), else as a string. Also
-CHRONOS_BIND_ADDRESS, CHRONOS_BIND_PORT, CHRONOS_CORES, CHRONOS_LOCALHOST.
-An unknown CHRONOS_* variable is a warning. Flags win over the
-environment, which wins over the file.";
-
 /// One key set outside the file. Its `Debug` never shows the value.
 #[derive(Clone, PartialEq)]
 pub struct Override {
@@ -104,12 +89,11 @@ pub struct Cli {
     pub overrides: Vec<Override>,
     /// `CHRONOS_*` variables that name no section: logged at start.
     pub warnings: Vec<String>,
-    pub help: bool,
-    pub version: bool,
 }
 
 impl Cli {
-    /// Parse arguments (without the program name) and the process's
+    /// Parse the node's flags (without the program name; the binary's
+    /// command line hands them over as `--flag=value`) and the process's
     /// `CHRONOS_*` variables, each read through `env`.
     pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Cli, String> {
         let vars = std::env::vars_os()
@@ -133,8 +117,6 @@ impl Cli {
                 _ => (arg.as_str(), None),
             };
             match flag {
-                "-h" | "--help" => cli.help = true,
-                "-V" | "--version" => cli.version = true,
                 "-c" | "--config" => {
                     cli.config_path = Some(take_value(flag, inline, &mut it)?);
                 }
@@ -145,7 +127,7 @@ impl Cli {
                         key: key.to_string(),
                         value: take_value(flag, inline, &mut it)?,
                     }),
-                    None => return Err(format!("unknown argument {arg:?}\n{USAGE}")),
+                    None => return Err(format!("unknown argument {arg:?}")),
                 },
             }
         }

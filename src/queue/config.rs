@@ -68,6 +68,14 @@ pub struct QueueConfig {
     /// delete; beyond it the shard claims no more.
     #[serde(default = "QueueConfig::default_in_hand_bytes_max")]
     pub in_hand_bytes_max: usize,
+    /// The node vacuums the table itself (`VACUUM (SKIP_LOCKED)`, shard
+    /// 0, a connection of its own) once Postgres reports this many dead
+    /// rows in it; 0 leaves it to Postgres's autovacuum (src/queue/vacuum.rs).
+    #[serde(default = "QueueConfig::default_vacuum_dead_rows")]
+    pub vacuum_dead_rows: u64,
+    /// How often the dead rows are looked up.
+    #[serde(default = "QueueConfig::default_vacuum_check_ms")]
+    pub vacuum_check_ms: u64,
     /// librdkafka consumer properties, passed through.
     #[serde(default)]
     pub consumer: std::collections::BTreeMap<String, toml::Value>,
@@ -112,6 +120,12 @@ impl QueueConfig {
     }
     fn default_postgres_stall_leave_ms() -> u64 {
         20_000
+    }
+    fn default_vacuum_dead_rows() -> u64 {
+        20_000
+    }
+    fn default_vacuum_check_ms() -> u64 {
+        1_000
     }
 
     /// A pass-through property as librdkafka wants it (a string).
@@ -179,10 +193,20 @@ impl QueueConfig {
         if !tcp {
             return Err("[queue] postgres-url must name a TCP host (host:port)".into());
         }
+        if self.vacuum_check_ms < VACUUM_CHECK_MS_MIN {
+            return Err(format!(
+                "[queue] vacuum-check-ms ({}) must be at least {VACUUM_CHECK_MS_MIN}",
+                self.vacuum_check_ms
+            ));
+        }
         self.check_memory()?;
         self.check_overrides()
     }
 }
+
+/// The shortest dead-row look-up period: each look-up is a statement on
+/// Postgres, and its statistics change about once a second anyway.
+const VACUUM_CHECK_MS_MIN: u64 = 100;
 
 /// What a byte bound must at least be: a bound given in KiB or MiB by
 /// mistake is refused rather than taken as bytes.

@@ -23,7 +23,8 @@
 //!   ones) and tasks that hold the
 //!   shard's gate: enqueue (`enqueue.rs`), claim and fire (`fire.rs`),
 //!   delivery and delete (`producer.rs`, `delete.rs`); shard 0 also runs
-//!   failure detection (`failure.rs`). The header codec is `headers.rs`,
+//!   failure detection (`failure.rs`) and the node's own vacuum of the
+//!   table, on a fourth connection (`vacuum.rs`). The header codec is `headers.rs`,
 //!   ISO 8601 deadlines and time conversions `deadline.rs`.
 //!
 //! At least once: an input offset is stored for commit only after every
@@ -52,6 +53,7 @@ mod fire;
 pub mod headers;
 pub mod pg;
 mod producer;
+mod vacuum;
 
 pub use config::QueueConfig;
 pub use consumer::Inbound;
@@ -341,6 +343,7 @@ impl QueueShard {
             gate.spawn(q.clone().refresh_loop());
             if q.shard == 0 {
                 gate.spawn(q.clone().failure_detection_loop());
+                gate.spawn(q.clone().vacuum_loop());
             }
         });
     }

@@ -177,29 +177,69 @@ pub struct Pg {
     gate: Rc<Gate>,
 }
 
+/// A maintenance connection ([`Pg::maintenance`]); its task is cancelled
+/// when it is dropped.
+pub struct Maintenance {
+    pub client: Client,
+    broken: Rc<Cell<bool>>,
+    _task: TaskGuard,
+}
+
+impl Maintenance {
+    /// The connection has ended (make a new one).
+    pub fn is_broken(&self) -> bool {
+        self.broken.get()
+    }
+}
+
 /// The schema of seed 004, created if missing. `message_key` is `bytea` (not
 /// `varchar(128)`) so that binary and long keys are relayed byte for byte.
+///
+/// Each object is created only when `to_regclass` finds it missing: a
+/// `CREATE INDEX IF NOT EXISTS` takes a share lock on the table before it
+/// looks, so a connection re-made under load waited behind every write in
+/// flight and held up the ones after it. A new table gets its own
+/// autovacuum settings (a dead-row threshold, no scale factor, no cost
+/// delay): every message leaves two dead rows (its claim and its delete),
+/// and a claim walks the waiting index past every dead entry not yet
+/// vacuumed (`vacuum.rs`, the node's own vacuum, does not rely on them).
 pub fn schema(table: &str) -> String {
     // One creator at a time (an advisory lock), so that nodes and shards
-    // starting together do not race on the catalog.
+    // starting together do not race on the catalog. `table` is a plain
+    // identifier (checked at config load), so quoting it inside the
+    // block's string literals is safe.
     format!(
         "SET client_min_messages TO warning;
         BEGIN;
         SELECT pg_advisory_xact_lock(7253004);
-        CREATE TABLE IF NOT EXISTS {table} (
-            id varchar(128) PRIMARY KEY,
-            deadline timestamp NOT NULL,
-            readied_at timestamp,
-            readied_by uuid,
-            message_headers jsonb,
-            message_key bytea,
-            message_value bytea
-        );
-        CREATE INDEX IF NOT EXISTS {table}_waiting_idx ON {table} (deadline) WHERE readied_at IS NULL;
-        CREATE INDEX IF NOT EXISTS {table}_readied_idx ON {table} (readied_at) WHERE readied_at IS NOT NULL;
+        DO $chronos$
+        BEGIN
+        IF to_regclass('{table}') IS NULL THEN
+            CREATE TABLE {table} (
+                id varchar(128) PRIMARY KEY,
+                deadline timestamp NOT NULL,
+                readied_at timestamp,
+                readied_by uuid,
+                message_headers jsonb,
+                message_key bytea,
+                message_value bytea
+            ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = {AUTOVACUUM_DEAD_ROWS},
+                    autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = {AUTOVACUUM_DEAD_ROWS},
+                    autovacuum_vacuum_cost_delay = 0);
+        END IF;
+        IF to_regclass('{table}_waiting_idx') IS NULL THEN
+            CREATE INDEX {table}_waiting_idx ON {table} (deadline) WHERE readied_at IS NULL;
+        END IF;
+        IF to_regclass('{table}_readied_idx') IS NULL THEN
+            CREATE INDEX {table}_readied_idx ON {table} (readied_at) WHERE readied_at IS NOT NULL;
+        END IF;
+        END $chronos$;
         COMMIT;"
     )
 }
+
+/// The per-table autovacuum threshold (dead rows) set on a new table.
+const AUTOVACUUM_DEAD_ROWS: u64 = 10_000;
 
 impl Pg {
     pub fn new(
@@ -346,6 +386,30 @@ impl Pg {
     /// Connect, set the session up (Postgres's `statement_timeout`; the
     /// table and indexes if missing) and prepare the statements.
     async fn connect(&self) -> Result<Rc<Conn>, String> {
+        let (client, broken, task) = self.open().await?;
+        // Idempotent; two shards racing on the catalog retry via backoff.
+        let t = &self.table;
+        // Only the inserts commit durably (module doc).
+        let commit = match self.role {
+            Role::Input => "",
+            Role::Claim | Role::Delete => "SET synchronous_commit = off;\n",
+        };
+        let setup = format!(
+            "SET statement_timeout = {};\n{commit}{}",
+            self.statement_timeout_ms,
+            schema(t)
+        );
+        client
+            .batch_execute(&setup)
+            .await
+            .map_err(|e| format!("create table {t}: {}", describe(&e)))?;
+        prepare(client, t, broken, task).await.map(Rc::new)
+    }
+
+    /// A new connection to this `Pg`'s server: the client, a flag set when
+    /// the connection ends, and its task (cancelled if the guard is
+    /// dropped). Not counted in [`Health`] or readiness.
+    async fn open(&self) -> Result<(Client, Rc<Cell<bool>>, TaskGuard), String> {
         let addr = self.address().await?;
         let stream = glommio::net::TcpStream::connect_timeout(addr, CONNECT_TIMEOUT)
             .await
@@ -370,23 +434,28 @@ impl Pg {
             })
             .detach(),
         ));
-        // Idempotent; two shards racing on the catalog retry via backoff.
-        let t = &self.table;
-        // Only the inserts commit durably (module doc).
-        let commit = match self.role {
-            Role::Input => "",
-            Role::Claim | Role::Delete => "SET synchronous_commit = off;\n",
-        };
-        let setup = format!(
-            "SET statement_timeout = {};\n{commit}{}",
-            self.statement_timeout_ms,
-            schema(t)
-        );
-        client
-            .batch_execute(&setup)
+        Ok((client, broken, task))
+    }
+
+    /// A connection of its own for maintenance (the node's vacuum): not
+    /// one of the shard's three, not counted in [`Health`] or readiness,
+    /// with `statement_timeout` set to `statement_timeout_ms`. Bounded in
+    /// time by the handshake limit.
+    pub async fn maintenance(&self, statement_timeout_ms: u64) -> Result<Maintenance, String> {
+        let (client, broken, task) = within(self.timeout, self.open())
             .await
-            .map_err(|e| format!("create table {t}: {}", describe(&e)))?;
-        prepare(client, t, broken, task).await.map(Rc::new)
+            .unwrap_or_else(|| Err(self.unanswered("connection handshake")))?;
+        let setup =
+            format!("SET statement_timeout = {statement_timeout_ms}; SET synchronous_commit = off");
+        within(self.timeout, client.batch_execute(&setup))
+            .await
+            .ok_or_else(|| self.unanswered("session set-up"))?
+            .map_err(|e| describe(&e))?;
+        Ok(Maintenance {
+            client,
+            broken,
+            _task: task,
+        })
     }
 
     async fn address(&self) -> Result<SocketAddr, String> {
@@ -431,7 +500,7 @@ fn keepalive(stream: &glommio::net::TcpStream, every: Duration) -> std::io::Resu
 }
 
 /// `f`, unless `limit` passes first (`None`; `f` is dropped).
-async fn within<T>(limit: Duration, f: impl Future<Output = T>) -> Option<T> {
+pub(super) async fn within<T>(limit: Duration, f: impl Future<Output = T>) -> Option<T> {
     let work = async { Some(f.await) };
     let timer = async {
         glommio::timer::sleep(limit).await;

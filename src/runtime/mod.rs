@@ -24,6 +24,7 @@ pub mod loglimit;
 pub mod mesh;
 pub mod notify;
 pub mod sleep;
+pub mod systemd;
 pub mod throttle;
 
 use gate::Gate;
@@ -245,6 +246,7 @@ fn install_signals(
                 }
                 stopping = true;
                 tracing::info!(target: "chronos::runtime", "signal {signal}: shutting down");
+                systemd::tell("STOPPING=1");
                 for stop in &stops {
                     // Capacity 1 and sent once: never full.
                     let _ = stop.try_send(());

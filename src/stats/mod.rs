@@ -190,6 +190,7 @@ counters! {
     queue_late: "Messages already due on arrival, published at once.",
     queue_fired: "Messages published from the table at their deadline.",
     queue_reset: "Readied messages reset after a suspected node failure.",
+    queue_vacuums: "VACUUMs of the queue table run by this node ([queue] vacuum-dead-rows).",
     storage_records: "Records appended to the timer log ([storage]).",
     storage_bytes: "Bytes written to the timer log, padding included.",
     storage_syncs: "fdatasync calls of the timer log (one per write batch).",

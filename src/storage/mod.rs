@@ -112,6 +112,57 @@ pub fn prepare(cfg: &StorageConfig, shards: usize) -> Result<Layout, String> {
     })
 }
 
+/// What `prepare` needs of `[storage] path`, checked without changing
+/// anything (`chronos check-config`): a directory this process may write,
+/// or one it may create, and a readable `CURRENT` if there is one. The
+/// lock is not tried: a running node holds it. `Ok` says what was found.
+pub fn check_path(cfg: &StorageConfig) -> Result<String, String> {
+    let Some(path) = cfg.path.as_deref() else {
+        return Ok("in memory".into());
+    };
+    let root = PathBuf::from(path);
+    let writable = |dir: &Path| {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: access only reads the NUL-terminated path.
+        match unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error().to_string()),
+        }
+    };
+    if root.is_dir() {
+        writable(&root).map_err(|e| format!("[storage] path {path}: not writable: {e}"))?;
+        return Ok(match read_current(&root)? {
+            Some((generation, shards)) => {
+                format!("{path} (generation {generation}, {shards} shards)")
+            }
+            None => format!("{path} (empty: created at start)"),
+        });
+    }
+    if root.exists() {
+        return Err(format!("[storage] path {path}: not a directory"));
+    }
+    // A relative path's last ancestor is "": the working directory.
+    let parent = root
+        .ancestors()
+        .skip(1)
+        .map(|a| match a.as_os_str().is_empty() {
+            true => Path::new("."),
+            false => a,
+        })
+        .find(|a| a.exists());
+    match parent {
+        Some(p) if p.is_dir() && writable(p).is_ok() => {
+            Ok(format!("{path} (created at start, in {})", p.display()))
+        }
+        Some(p) => Err(format!(
+            "[storage] path {path}: cannot be created: {} is not a writable directory",
+            p.display()
+        )),
+        None => Err(format!("[storage] path {path}: cannot be created")),
+    }
+}
+
 fn lock(root: &Path) -> Result<std::fs::File, String> {
     use std::os::fd::AsRawFd;
     let path = root.join("LOCK");

@@ -1,0 +1,101 @@
+//! A node's admin API from the command line: one blocking HTTP/1.1
+//! request per call over a plain `TcpStream` (not the engine: these
+//! subcommands run beside a node, not in one), with the cluster's shared
+//! secret when there is one.
+
+use chronos::config::{Config, Secret};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// How long a connect, and then the whole answer, may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most of an answer read: `GET /cluster` is a few KiB even with
+/// hundreds of members; a node that sends more is not one.
+const ANSWER_BYTES_MAX: u64 = 4 << 20;
+
+/// A node's admin API: its address, and the `Authorization` value to send
+/// (`Bearer <secret>`) when the cluster has a shared secret.
+pub struct Admin {
+    pub address: SocketAddr,
+    pub authorization: Option<String>,
+}
+
+impl Admin {
+    /// The node at `address`, with the secret of `config` (or
+    /// `$CHRONOS_CONFIG`; `$CHRONOS_CLUSTER_SHARED_SECRET` wins). `Err`: the
+    /// config cannot be read (a usage error).
+    pub fn new(address: SocketAddr, config: Option<&str>) -> Result<Admin, String> {
+        let from_env = std::env::var("CHRONOS_CONFIG").ok();
+        let secret = secret_of(config.or(from_env.as_deref()))?;
+        Ok(Admin {
+            address,
+            authorization: secret.map(|s| s.bearer()),
+        })
+    }
+
+    /// One request with `Connection: close`; `(status, body)`. `Err` says
+    /// why the node could not be asked, naming its address.
+    pub fn request(&self, method: &str, path: &str) -> Result<(u16, String), String> {
+        let address = self.address;
+        let failed = |e: std::io::Error| format!("{address}: {e}");
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&address, REQUEST_TIMEOUT).map_err(failed)?;
+        let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
+        let _ = stream.set_write_timeout(Some(REQUEST_TIMEOUT));
+        let authorization = match &self.authorization {
+            Some(value) => format!("Authorization: {value}\r\n"),
+            None => String::new(),
+        };
+        let request = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n{authorization}\r\n");
+        stream.write_all(request.as_bytes()).map_err(failed)?;
+        let mut answer = Vec::new();
+        stream
+            .take(ANSWER_BYTES_MAX)
+            .read_to_end(&mut answer)
+            .map_err(failed)?;
+        let text = String::from_utf8_lossy(&answer);
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| format!("{address}: a truncated answer"))?;
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("{address}: no status line in the answer"))?;
+        Ok((status, body.to_string()))
+    }
+
+    /// `GET /cluster`'s JSON; `Err` when the node is unreachable or does
+    /// not answer 200.
+    pub fn cluster(&self) -> Result<serde_json::Value, String> {
+        let (status, body) = self.request("GET", "/cluster")?;
+        if status != 200 {
+            return Err(format!(
+                "{} answered {status} to GET /cluster: {}",
+                self.address,
+                body.trim_end()
+            ));
+        }
+        json_of(&body)
+    }
+}
+
+/// The `[cluster] shared-secret` of the config file at `path`, if any.
+fn secret_of(path: Option<&str>) -> Result<Option<Secret>, String> {
+    // The variable wins over the file, as it does for the node.
+    if let Ok(text) = std::env::var("CHRONOS_CLUSTER_SHARED_SECRET") {
+        return Ok(Some(Secret::new(&text)));
+    }
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config file {path:?}: {e}"))?;
+    let config = Config::from_toml(&text).map_err(|e| format!("{path}: {e}"))?;
+    Ok(config.cluster.shared_secret)
+}
+
+pub fn json_of(body: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(body).map_err(|e| format!("an answer that is not JSON ({e}): {body}"))
+}

@@ -1,0 +1,276 @@
+//! Issue 23, item 4: the command line on clap, with the real binary.
+//! `run` is the default (the old flags still start a node), every
+//! subcommand has its help, `check-config` checks what a start checks
+//! (exit 0 or 2 naming the key), `status` renders `GET /cluster` as a
+//! table (exit 1 when the node cannot be asked).
+
+mod common;
+
+use common::*;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// `chronos` with no inherited configuration from the environment.
+fn chronos(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_chronos"));
+    c.args(args);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CHRONOS_") || key == "RUST_LOG" || key == "NOTIFY_SOCKET" {
+            c.env_remove(key);
+        }
+    }
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    chronos(args).output().expect("run chronos")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A file in this test process's own temporary directory.
+fn file(name: &str, body: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("chronos-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn help_lists_the_subcommands_and_each_has_its_own() {
+    let out = run(&["--help"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for word in ["run", "resync", "check-config", "status", "Exit status"] {
+        assert!(stdout.contains(word), "{word} missing:\n{stdout}");
+    }
+    for sub in ["run", "resync", "check-config", "status"] {
+        for flag in ["--help", "-h"] {
+            let out = run(&[sub, flag]);
+            let stdout = text(&out.stdout);
+            assert_eq!(out.status.code(), Some(0), "{sub} {flag}");
+            assert!(
+                stdout.contains(&format!("Usage: chronos {sub}")),
+                "{sub} {flag}:\n{stdout}"
+            );
+            assert!(stdout.contains("Exit status"), "{sub} {flag}:\n{stdout}");
+        }
+    }
+    // What run's help says of the flags: each names its key.
+    let stdout = text(&run(&["run", "--help"]).stdout);
+    for flag in ["--config", "--bind-address", "--bind-port", "--cores"] {
+        assert!(stdout.contains(flag), "{flag} missing:\n{stdout}");
+    }
+    assert!(stdout.contains("[http] bind-port"), "{stdout}");
+    // check-config says what it does not check.
+    let stdout = text(&run(&["check-config", "--help"]).stdout);
+    assert!(stdout.contains("Not checked"), "{stdout}");
+    let out = run(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("chronos {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn usage_errors_exit_2_naming_the_argument() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--bogus"], "--bogus"),
+        (&["frobnicate"], "frobnicate"),
+        (&["check-config"], "FILE"),
+        (&["status", "--node", "no-port"], "no-port"),
+        (&["--cores", "1", "status"], "status"),
+    ];
+    for (args, named) in cases {
+        let out = run(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(named),
+            "{args:?} should name {named}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+    }
+}
+
+#[test]
+fn check_config_accepts_a_good_file_and_summarises_it() {
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("chronos-cli-storage-{}", std::process::id()));
+    let path = file(
+        "good.toml",
+        &format!(
+            "[http]\nbind-port = {port}\n[runtime]\ncores = 1\n[storage]\npath = \"{}\"\n",
+            dir.join("not-yet").display()
+        ),
+    );
+    let out = run(&["check-config", &path]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains(&format!("{path}: ok")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("listens on 127.0.0.1:{port}")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("created at start"), "{stdout}");
+    assert_eq!(stdout.trim().lines().count(), 1, "one line: {stdout}");
+    // Nothing was created, nothing bound.
+    assert!(!dir.join("not-yet").exists());
+    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+}
+
+#[test]
+fn check_config_refuses_what_the_start_refuses_with_exit_2() {
+    let blocker = file("a-file", "not a directory");
+    let cases = [
+        ("[http]\nbind-port = \"x\"\n", "bind-port"),
+        ("[timers]\ncallback-timeout-ms = 0\n", "callback-timeout-ms"),
+        ("[timers]\nno-such-key = 1\n", "no-such-key"),
+        ("[runtime]\ncores = 9999\n", "cores"),
+        ("[log]\nlevel = \"warning\"\n", "not a level"),
+        ("[sites]\nremote_site = []\n", "local_site"),
+    ];
+    for (body, needle) in cases {
+        let path = file("bad.toml", body);
+        let out = run(&["check-config", &path]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body}: {stderr}");
+        assert!(stderr.contains(needle), "{body}: {stderr}");
+        assert!(stderr.starts_with("chronos check-config: "), "{stderr}");
+        assert!(out.stdout.is_empty(), "{body}");
+    }
+    // A storage path the node could not use: checked as the start would.
+    let path = file(
+        "storage.toml",
+        &format!("[storage]\npath = \"{blocker}/sub\"\n"),
+    );
+    let out = run(&["check-config", &path]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("[storage] path"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A missing file.
+    let out = run(&["check-config", "/nonexistent/chronos.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("/nonexistent/chronos.toml"));
+    // The environment is applied, as at start: a bad variable is named.
+    let good = file("good-env.toml", "");
+    let out = chronos(&["check-config", &good])
+        .env("CHRONOS_HTTP_BIND_PORT", "abc")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("CHRONOS_HTTP_BIND_PORT"));
+}
+
+/// The lines of `chronos status` against `node` (asserting exit 0).
+fn status(node: &Node, extra: &[&str]) -> String {
+    let address = node.addr.to_string();
+    let mut args = vec!["status", "--node", &address];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn status_shows_a_live_node_as_a_table() {
+    let node = Node::start("[runtime]\ncores = 1\n");
+    let cluster: serde_json::Value =
+        serde_json::from_slice(&node.request("GET", "/cluster", "").body).unwrap();
+    let view = cluster["cluster-view-id"].as_str().unwrap().to_string();
+    let table = status(&node, &[]);
+    let me = node.addr.to_string();
+    for needle in [
+        format!("node        {me}"),
+        format!("view        {view}"),
+        format!("{me}  member  (this node)"),
+        "site        site1".to_string(),
+        "resync      idle".to_string(),
+    ] {
+        assert!(table.contains(&needle), "{needle:?} missing in:\n{table}");
+    }
+    // --json: the node's own answer.
+    let json: serde_json::Value = serde_json::from_str(&status(&node, &["--json"])).unwrap();
+    assert_eq!(json["cluster-view-id"], view.as_str());
+}
+
+#[test]
+fn status_sends_the_shared_secret_from_the_config() {
+    let secret = "a-secret-of-at-least-16";
+    let node = Node::start(&format!(
+        "[runtime]\ncores = 1\n[cluster]\nshared-secret = \"{secret}\"\n"
+    ));
+    let config = node.config_path();
+    let table = status(&node, &["--config", config.to_str().unwrap()]);
+    assert!(table.contains(&node.addr.to_string()), "{table}");
+    // Without it: the node's 403, exit 1.
+    let out = run(&["status", "--node", &node.addr.to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("403"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn status_of_a_closed_port_exits_1_with_the_reason() {
+    let address = format!("127.0.0.1:{}", free_port());
+    let out = run(&["status", "--node", &address]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&address) && stderr.contains("refused"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
+/// Environment variables to start with.
+type Env<'a> = &'a [(&'a str, &'a str)];
+
+/// Start `chronos` with `args` on `port`; wait for `/ping`.
+fn started(args: &[&str], port: u16, env: &[(&str, &str)]) -> std::process::Child {
+    let mut child = chronos(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_until("the node answers /ping", Duration::from_secs(20), || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("chronos {args:?} exited: {status}");
+        }
+        match try_request(addr, "GET", "/ping", &[], b"") {
+            Ok(r) if r.status == 200 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    child
+}
+
+#[test]
+fn the_old_flags_and_run_both_start_a_node() {
+    let port = free_port();
+    let p = port.to_string();
+    let path = file("run.toml", "[runtime]\ncores = 1\n");
+    let forms: [(&[&str], Env); 3] = [
+        (&["--config", &path, "--bind-port", &p], &[]),
+        (&["run", "-c", &path, "--bind-port", &p], &[]),
+        // The environment, as before: the file and the flag's variable.
+        (
+            &["run"],
+            &[("CHRONOS_CONFIG", &path), ("CHRONOS_BIND_PORT", &p)],
+        ),
+    ];
+    for (args, env) in forms {
+        let mut child = started(args, port, env);
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{args:?}");
+    }
+}
