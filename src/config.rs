@@ -21,6 +21,7 @@
 
 use crate::cluster::sites::Sites;
 use crate::cluster::Cluster;
+use crate::http::guard::Guard;
 use crate::http::tls::{self, ListenerTls};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -269,6 +270,10 @@ pub struct TimersConfig {
     /// PEM CA certificates that `https://` callback targets are verified
     /// against (instead of the system's store).
     pub callback_ca_file: Option<String>,
+    /// Which hosts callbacks may reach (`http::guard`): CIDRs and host
+    /// suffixes, `!` to deny, the first match deciding. `None`: every
+    /// host, and no resolution at create time. Reloaded by SIGHUP.
+    pub callback_allow: Option<Vec<String>>,
 }
 
 impl Default for TimersConfig {
@@ -284,6 +289,7 @@ impl Default for TimersConfig {
             default_replication_factor: 2,
             timers_per_shard_max: 8_000_000,
             callback_ca_file: None,
+            callback_allow: None,
         }
     }
 }
@@ -476,6 +482,8 @@ pub struct Resolved {
     /// `https://` callbacks: the roots of `[timers] callback-ca-file`, else
     /// the system's (each shard takes its own copy, `tls::for_shard`).
     pub callback_tls: Option<Arc<rustls::ClientConfig>>,
+    /// `[timers] callback-allow` parsed; `None`: callbacks go anywhere.
+    pub guard: Option<Arc<Guard>>,
 }
 
 /// Where a configuration was read from: the file, and the overrides as
@@ -595,6 +603,7 @@ impl Config {
     ) -> Result<Resolved, String> {
         let (ip, shards) = self.check_engine(available_cores)?;
         self.check_limits()?;
+        let guard = self.resolve_guard()?;
         let cluster = self.resolve_cluster(ip)?;
         let instance_id = self.resolve_instance(&cluster)?;
         self.check_skew_rule(&cluster)?;
@@ -613,7 +622,16 @@ impl Config {
             warnings: Vec::new(),
             tls: None,
             callback_tls: None,
+            guard,
         })
+    }
+
+    /// `[timers] callback-allow`, parsed (a bad rule is named).
+    fn resolve_guard(&self) -> Result<Option<Arc<Guard>>, String> {
+        match &self.timers.callback_allow {
+            None => Ok(None),
+            Some(rules) => Guard::parse(rules).map(|g| Some(Arc::new(g))),
+        }
     }
 
     /// `[sites]`: a section must name this site.

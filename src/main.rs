@@ -155,6 +155,7 @@ fn log_resolved(cli: &chronos::config::Cli, resolved: &chronos::config::Resolved
         max_token_rate = throttling.map(|t| t.max_token_rate),
         shared_secret = %if c.cluster.shared_secret.is_some() { "set" } else { "unset" },
         callback_timeout_ms = c.timers.callback_timeout_ms,
+        callback_allow = ?c.timers.callback_allow,
         replica_skew_ms = c.timers.replica_skew_ms,
         connections_max = c.http.connections_max,
         header_bytes_max = c.http.header_bytes_max,

@@ -19,6 +19,7 @@
 use crate::api::{Api, ReadyCheck};
 use crate::cluster::Cluster;
 use crate::config::{Config, Resolved};
+use crate::http::guard::Guard;
 use crate::http::server::{Limits, Server};
 use crate::queue::{QueueShard, QueueShared};
 use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
@@ -61,6 +62,8 @@ struct NodeShared {
 struct Reloaded {
     cluster: Cluster,
     instance_id: u16,
+    /// `[timers] callback-allow` as the file now says.
+    guard: Option<Arc<Guard>>,
 }
 
 /// Run a node until shutdown.
@@ -88,6 +91,7 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
     let current = Reloaded {
         cluster: resolved.cluster.clone(),
         instance_id: resolved.instance_id,
+        guard: resolved.guard.clone(),
     };
     let (resync_tx, resyncs) = async_channel::bounded::<()>(RELOADS_QUEUED_MAX);
     let start = Arc::new(resolved.clone());
@@ -257,13 +261,40 @@ fn announce_if_ready(shard: &Shard, announced: &AtomicBool) {
 
 /// What `chronos check-config` checks beyond `Config::load`, without
 /// changing anything: what `run` needs before the engine starts, i.e. the
-/// `[storage]` directory (`storage::check_path`). Not checked: the
-/// listeners (only a bind tells), Postgres and the brokers (not
-/// contacted), and the `[queue.producer]`/`[queue.consumer]` properties,
-/// which librdkafka judges when the node starts. `Ok` describes the
-/// storage.
+/// `[storage]` directory (`storage::check_path`) and, with `[queue]`, the
+/// `[queue.producer]`/`[queue.consumer]` properties as librdkafka judges
+/// them. Not checked: the listeners (only a bind tells), Postgres and the
+/// brokers (not contacted). `Ok` describes the storage.
 pub fn check(resolved: &Resolved) -> Result<String, String> {
+    if let Some(q) = &resolved.config.queue {
+        check_kafka_properties(q)?;
+    }
     storage::check_path(&resolved.config.storage)
+}
+
+/// Make (and drop) a producer and a consumer with the configured
+/// properties, as `QueueShared::start` does, without subscribing or
+/// sending: librdkafka refuses an unknown property or a bad value when a
+/// client is made, which would otherwise first show at start.
+fn check_kafka_properties(q: &crate::queue::QueueConfig) -> Result<(), String> {
+    use rdkafka::config::ClientConfig;
+    let client = |properties: &std::collections::BTreeMap<String, toml::Value>| {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &q.kafka_brokers);
+        for (k, v) in properties {
+            c.set(k, crate::queue::QueueConfig::property(v));
+        }
+        c
+    };
+    client(&q.producer)
+        .create::<rdkafka::producer::BaseProducer>()
+        .map(drop)
+        .map_err(|e| format!("[queue.producer]: {e}"))?;
+    client(&q.consumer)
+        .set("group.id", &q.consumer_group)
+        .create::<rdkafka::consumer::BaseConsumer>()
+        .map(drop)
+        .map_err(|e| format!("[queue.consumer]: {e}"))
 }
 
 /// `/ready` beyond the shards: the delay queue's Postgres and broker.
@@ -282,6 +313,7 @@ async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Rel
     while let Some(Ok(next)) = shard.gate.unless_closing(reloads.recv()).await {
         shard.set_cluster(&next.cluster);
         shard.store.borrow_mut().ids.set_instance(next.instance_id);
+        shard.set_guard(next.guard.clone());
     }
 }
 
@@ -425,11 +457,13 @@ fn reload(
         leaving = ?now.leaving.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(),
         cluster_view_id = %now.view_id,
         instance_id = next.instance_id,
-        "SIGHUP: cluster reloaded (only [cluster] node, joining, leaving and [identity] are applied; other settings take a restart)"
+        callback_allow = ?guard_summary(&next.guard),
+        "SIGHUP: cluster reloaded (only [cluster] node, joining, leaving, [identity] and [timers] callback-allow are applied; other settings take a restart)"
     );
     let shared = Arc::new(Reloaded {
         cluster: next.cluster.clone(),
         instance_id: next.instance_id,
+        guard: next.guard.clone(),
     });
     for (i, tx) in shards.iter().enumerate() {
         if tx.try_send(shared.clone()).is_err() {
@@ -458,5 +492,14 @@ fn reread(start: &Resolved) -> Option<Reloaded> {
     Some(Reloaded {
         cluster: next.resolved.cluster,
         instance_id: next.resolved.instance_id,
+        guard: next.resolved.guard,
     })
+}
+
+/// How the reload line shows the callback guard.
+fn guard_summary(guard: &Option<Arc<Guard>>) -> String {
+    match guard {
+        None => "unset (every host)".into(),
+        Some(g) => format!("{} rules", g.len()),
+    }
 }

@@ -155,6 +155,29 @@ fn check_config_refuses_what_the_start_refuses_with_exit_2() {
         "{}",
         text(&out.stderr)
     );
+    // The Kafka clients' properties, as librdkafka judges them at start
+    // (nothing is contacted: no broker listens on port 1).
+    let queue = "[queue]\nkafka-brokers = \"127.0.0.1:1\"\ninput-topic = \"in\"\noutput-topic = \"out\"\npostgres-url = \"postgres://postgres@127.0.0.1:1/test\"\n";
+    let path = file("queue-good.toml", queue);
+    let out = run(&["check-config", &path]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("queue on"));
+    for (section, key) in [
+        ("producer", "no.such.property"),
+        ("consumer", "fetch.wait.max.ms"),
+    ] {
+        let value = if key == "no.such.property" {
+            "1"
+        } else {
+            "\"soon\""
+        };
+        let body = format!("{queue}[queue.{section}]\n\"{key}\" = {value}\n");
+        let out = run(&["check-config", &file("queue-bad.toml", &body)]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body}: {stderr}");
+        assert!(stderr.contains(&format!("[queue.{section}]")), "{stderr}");
+        assert!(stderr.contains(key), "{stderr}");
+    }
     // A missing file.
     let out = run(&["check-config", "/nonexistent/chronos.toml"]);
     assert_eq!(out.status.code(), Some(2));

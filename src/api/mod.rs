@@ -173,6 +173,9 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
         Method::Post => match spec::parse(req.body, uri::check) {
             Ok(s) => {
                 let started = Instant::now();
+                if let Err(reason) = guard_admits(shard, &s).await {
+                    return error(out, 400, &reason, close);
+                }
                 let result = create_durable(shard, &s).await;
                 shard.record_latency(started.elapsed().as_micros() as u64);
                 timer_result(out, result, close)
@@ -198,6 +201,23 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
         },
         _ => not_allowed(out, "GET, POST", close),
     }
+}
+
+/// `[timers] callback-allow` for a client's `POST` or `PUT`: every address
+/// the callback's host stands for must be allowed (a name is resolved
+/// off the shard's thread, within `callback-timeout-ms`). `Err` is the
+/// `400`'s reason: the rule that refused, or that none matched, or that
+/// the name did not resolve in time. Without a list, nothing is done.
+/// Timers from other nodes are not checked here: their callbacks meet
+/// this node's list when they pop (the client checks every callback's
+/// address).
+async fn guard_admits(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<(), String> {
+    let Some(guard) = shard.guard() else {
+        return Ok(());
+    };
+    let target = uri::parse(&s.uri)?;
+    let limit = Duration::from_millis(shard.resolved.config.timers.callback_timeout_ms);
+    guard.check_host(target.host, target.port, limit).await
 }
 
 /// `POST /timers` with `[storage]`: answered once the timer is durable.
@@ -243,6 +263,9 @@ async fn timer(api: &Api, id_text: &str, req: &Request<'_>, out: &mut Vec<u8>, c
             Ok(_) if !shard.admit_client() => overloaded(out, close),
             Ok(s) => {
                 let started = Instant::now();
+                if let Err(reason) = guard_admits(shard, &s).await {
+                    return error(out, 400, &reason, close);
+                }
                 let result = shard.client_update(id, s).await;
                 shard.record_latency(started.elapsed().as_micros() as u64);
                 timer_result(out, result, close)

@@ -12,11 +12,12 @@ pub const AFTER: &str = "\
 Checked, as the node's start checks them: the TOML and every key and value
 (with the CHRONOS_* variables of this environment applied, as at start),
 the cluster, sites and identity, the cores against this machine's, the log
-filter (and $RUST_LOG), and that [storage] path is a directory this user
-may write or create. Not checked: that the port is free (only a bind
-tells), that Postgres and the Kafka brokers answer, and the
-[queue.producer]/[queue.consumer] properties (librdkafka judges them at
-start). Run it as the user the node runs as.
+filter (and $RUST_LOG), that [storage] path is a directory this user may
+write or create, and the [queue.producer]/[queue.consumer] properties as
+librdkafka judges them. Not checked: that the port is free (only a bind
+tells), and that Postgres and the Kafka brokers answer (not contacted).
+The flags of `chronos run` are not taken: pass their keys in the file or
+as CHRONOS_* variables. Run it as the user the node runs as.
 
 Prints one line on success. Exit status: 0 valid; 2 invalid, with the
 reason (naming the key) on stderr.";

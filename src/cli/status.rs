@@ -89,14 +89,18 @@ fn sites(out: &mut String, s: &Value) {
         Some(false) => "no",
         None => "?",
     };
-    let _ = writeln!(out, "{:<12}{}", "site", text(&s["local_site"]));
+    let local = text(&s["local_site"]);
+    let _ = writeln!(
+        out,
+        "{:<12}{local} (timers replicated across sites: {across})",
+        "site"
+    );
     let remote = if remote.is_empty() {
         "none".to_string()
     } else {
         remote.join(", ")
     };
     let _ = writeln!(out, "{:<12}{remote}", "remote");
-    let _ = writeln!(out, "{:<12}{across}", "across");
 }
 
 fn resync(out: &mut String, r: &Value) {

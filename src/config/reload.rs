@@ -1,6 +1,7 @@
 //! A SIGHUP's re-read of the file. Only the members are applied
-//! (`[cluster] node`, `joining`, `leaving`, with `localhost`) and
-//! `[identity]`; every other setting takes a restart. So what is checked is
+//! (`[cluster] node`, `joining`, `leaving`, with `localhost`),
+//! `[identity]` and `[timers] callback-allow`; every other setting takes a
+//! restart. So what is checked is
 //! the running configuration with the file's members: a change the reload
 //! would not apply (a `[timers]` value the skew rule refuses, a typo in
 //! `[queue]`) cannot make it fail. Such changes are named instead, by
@@ -13,6 +14,9 @@ use std::collections::BTreeSet;
 /// The `[cluster]` keys a reload applies (a changed `localhost` is then
 /// refused by the node: it takes a restart).
 pub const RELOADED_CLUSTER_KEYS: [&str; 4] = ["localhost", "node", "joining", "leaving"];
+
+/// The `[timers]` key a reload applies.
+pub const RELOADED_TIMERS_KEY: &str = "callback-allow";
 
 /// What a reload read.
 #[derive(Debug)]
@@ -81,6 +85,16 @@ impl Config {
         self.cluster.joining = c.joining;
         self.cluster.leaving = c.leaving;
         self.identity = identity;
+        // The callback guard: an operator narrows it without a restart
+        // (a bad rule refuses the reload, the running list stays).
+        let allow = section(table, "timers")?.remove("callback-allow");
+        self.timers.callback_allow = match allow {
+            None => None,
+            Some(v) => Some(
+                Vec::<String>::deserialize(v)
+                    .map_err(|e| format!("invalid [timers] callback-allow: {}", one_line(&e)))?,
+            ),
+        };
         Ok(())
     }
 }
@@ -146,7 +160,8 @@ fn diff<T: Serialize>(section: &str, was: &T, now: &T, out: &mut Vec<String>) {
     let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     let show = |v: Option<&toml::Value>| v.map_or("unset".to_string(), |v| v.to_string());
     for key in keys {
-        let reloaded = section == "cluster" && RELOADED_CLUSTER_KEYS.contains(&key.as_str());
+        let reloaded = (section == "cluster" && RELOADED_CLUSTER_KEYS.contains(&key.as_str()))
+            || (section == "timers" && key == RELOADED_TIMERS_KEY);
         if !reloaded && a.get(key) != b.get(key) {
             out.push(format!(
                 "[{section}] {key} {} -> {}",

@@ -13,6 +13,7 @@
 //! with `httparse` by one reader ([`read_response`]): Content-Length,
 //! chunked, or close-delimited bodies, bounded in size.
 
+use super::guard::Guard;
 use super::permits::{Permit, Permits};
 use super::server::GlommioConn;
 use super::tls::TlsConn;
@@ -280,6 +281,9 @@ pub struct RequestError {
     /// Not sent because it was no longer wanted (its timer was deleted or
     /// replaced while it waited).
     pub withdrawn: bool,
+    /// Not sent because the callback guard (`[timers] callback-allow`)
+    /// refuses the address its host resolved to now.
+    pub refused: bool,
     pub reason: String,
 }
 
@@ -289,6 +293,7 @@ impl RequestError {
             sent: false,
             waited_out: false,
             withdrawn: false,
+            refused: false,
             reason,
         }
     }
@@ -346,6 +351,9 @@ pub struct Client {
     spare_batches: RefCell<Vec<LaneVecs>>,
     /// Asked by lanes before a callback is sent.
     wanted: RefCell<Option<Wanted>>,
+    /// `[timers] callback-allow`: checked on the address a callback is
+    /// about to use (`None`: every address).
+    guard: RefCell<Option<Arc<Guard>>>,
 }
 
 /// A client's timeouts and bounds.
@@ -373,6 +381,7 @@ impl Client {
             spare_batch_buffers: RefCell::new(Vec::new()),
             wanted: RefCell::new(None),
             tls: None,
+            guard: RefCell::new(None),
         }
     }
 
@@ -380,6 +389,11 @@ impl Client {
     pub fn with_tls(mut self, tls: Option<Arc<rustls::ClientConfig>>) -> Client {
         self.tls = tls;
         self
+    }
+
+    /// Set (or clear) the callback guard; a reload calls it again.
+    pub fn set_guard(&self, guard: Option<Arc<Guard>>) {
+        *self.guard.borrow_mut() = guard;
     }
 
     /// Set the check lanes make before sending a queued callback.
@@ -450,6 +464,16 @@ impl Client {
             .resolve_for(r.host, r.port, resolve_for)
             .await
             .map_err(unsent)?;
+        // The address this callback will connect to, as resolved now: a
+        // name allowed at create time may point elsewhere since.
+        if let Some(guard) = &*self.guard.borrow() {
+            guard
+                .decide(r.host, addr.ip())
+                .map_err(|reason| RequestError {
+                    refused: true,
+                    ..unsent(reason)
+                })?;
+        }
         let to = pool_key(addr, r);
         let pool = self.pool(&to);
         pool.admit_waiter(addr, pool.queued.get()).map_err(unsent)?;

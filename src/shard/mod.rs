@@ -46,6 +46,7 @@ use crate::cluster::replicate::{Replicator, ReplicatorConfig};
 use crate::cluster::Cluster;
 use crate::config::Resolved;
 use crate::http::client::{CallbackKey, Client, ClientConfig};
+use crate::http::guard::Guard;
 use crate::http::tls;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
@@ -88,6 +89,9 @@ pub struct Shard {
     log: std::cell::OnceCell<Rc<crate::storage::Log>>,
     /// The log's flusher task (awaited at shutdown: it writes what is left).
     flusher: RefCell<Option<glommio::Task<()>>>,
+    /// `[timers] callback-allow` (a reload replaces it); `None`: callbacks
+    /// may go anywhere.
+    guard: RefCell<Option<Arc<Guard>>>,
 }
 
 impl Shard {
@@ -148,8 +152,10 @@ impl Shard {
             last_version_us: Cell::new(0),
             log: std::cell::OnceCell::new(),
             flusher: RefCell::new(None),
+            guard: RefCell::new(None),
             resolved,
         });
+        shard.set_guard(shard.resolved.guard.clone());
         // Weak: the client belongs to the shard.
         let weak = Rc::downgrade(&shard);
         shard.client.set_wanted(Box::new(move |key| {
@@ -165,6 +171,19 @@ impl Shard {
     pub fn set_cluster(&self, cluster: &Cluster) {
         self.replicator.set_peers(&replication_peers(cluster));
         self.view.set(cluster);
+    }
+
+    /// Take a callback guard (at start, and at each reload): checked when
+    /// a client creates or updates a timer, and by the client on the
+    /// address each callback is about to use.
+    pub fn set_guard(&self, guard: Option<Arc<Guard>>) {
+        self.client.set_guard(guard.clone());
+        *self.guard.borrow_mut() = guard;
+    }
+
+    /// The callback guard now (`None`: none configured).
+    pub fn guard(&self) -> Option<Arc<Guard>> {
+        self.guard.borrow().clone()
     }
 
     /// The current view's fingerprint (stored with every incarnation).

@@ -538,6 +538,11 @@ async fn run_callback(job: PopJob) {
             shard.replicate_pop(&popped);
         }
         Err(e) if e.withdrawn => ShardStats::add(&stats.callbacks_withdrawn, 1),
+        Err(e) if e.refused => {
+            ShardStats::add(&stats.callbacks_refused, 1);
+            log_refused(&popped, sequence, &e.reason);
+            on_failure(shard, unique, version, sequence, &e.reason);
+        }
         Err(e) => {
             let counter = if e.waited_out {
                 &stats.callbacks_deferred
@@ -581,6 +586,27 @@ pub const ENDED_LOG_EVERY: Duration = Duration::from_secs(10);
 thread_local! {
     /// This shard's "ends a repeating timer" line (a shard is a thread).
     static ENDED_LOGGED: crate::runtime::loglimit::LogLimit = const { Cell::new((None, 0)) };
+}
+
+thread_local! {
+    /// This shard's "callback refused by the guard" line.
+    static REFUSED_LOGGED: crate::runtime::loglimit::LogLimit = const { Cell::new((None, 0)) };
+}
+
+/// A callback the guard refused at connect time, logged at warn at most
+/// once per [`ENDED_LOG_EVERY`] per shard (a client can make many).
+fn log_refused(popped: &Timer, sequence: u32, reason: &str) {
+    REFUSED_LOGGED.with(|limit| {
+        let Some(quiet) = crate::runtime::loglimit::log_due(limit, Instant::now(), ENDED_LOG_EVERY) else {
+            return;
+        };
+        let more = match quiet {
+            0 => String::new(),
+            n => format!(" ({n} more refused since the last such line)"),
+        };
+        let id = popped.id().to_hex_string();
+        tracing::warn!(target: "chronos::callback", "timer {id}: callback {sequence} not sent: {reason}; counted as failed (chronos_callbacks_refused_total){more}");
+    });
 }
 
 fn log_ended(id: String, sequence: u32, reason: &str) {

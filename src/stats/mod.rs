@@ -158,6 +158,7 @@ counters! {
     callbacks_failed: "Callbacks that failed (non-2xx, timeout, connection error).",
     callbacks_deferred: "Pops left to the next replica: no connection to the target came free within callback-wait-ms (or the target's share of callback slots stayed full that long).",
     callbacks_withdrawn: "Callbacks withdrawn unsent: the timer was deleted or replaced while its callback waited for a connection.",
+    callbacks_refused: "Callbacks not sent because [timers] callback-allow refuses the address their host resolved to when the pop was sent (the pop fails: the next replica, which applies its own list, pops it).",
     callbacks_held: "Pops held back because their target had its share of the callback slots in flight (callback-in-flight-per-target-max) with three quarters of the slots taken; each comes back when one of its target's callbacks ends.",
     http_requests: "HTTP requests handled.",
     http_errors: "HTTP requests answered with a 4xx or 5xx status.",

@@ -1,0 +1,348 @@
+//! The callback guard (`[timers] callback-allow`): which hosts a callback
+//! may reach, so that a client cannot make the node call into its own
+//! network (SSRF: loopback, link-local metadata services, private ranges).
+//!
+//! A list of rules, read in order; each is a CIDR (`10.0.0.0/8`,
+//! `2001:db8::/32`; a bare address is one host), or a host suffix
+//! (`example.com`: that name and its subdomains; `.example.com`: only its
+//! subdomains), optionally prefixed `!` to deny. For each address a
+//! callback's host stands for (the literal itself, or each address its
+//! name resolves to), the first rule that matches the address (a CIDR) or
+//! the host name (a suffix) decides; no matching rule refuses. The check
+//! looks at the host and the address only, never the scheme, so it holds
+//! for every callback transport.
+//!
+//! The check runs twice: when a timer is created or updated (every address
+//! the name resolves to, [`Guard::check_host`]), and on the address a
+//! callback actually connects to ([`Guard::decide`]), since a name may
+//! resolve elsewhere later (DNS rebinding). The second allocates nothing
+//! for an allowed address.
+
+use futures_lite::future;
+use std::net::{IpAddr, ToSocketAddrs};
+use std::time::Duration;
+
+/// What a rule matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pattern {
+    /// An address range: the network (its host bits zero) and the prefix
+    /// length. IPv4 ranges match IPv4-mapped IPv6 addresses too.
+    Net(IpAddr, u8),
+    /// A host name suffix, in lower case without a leading or trailing
+    /// dot; `subdomains_only`: the name itself does not match.
+    Suffix { name: String, subdomains_only: bool },
+}
+
+/// One rule of the list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    allow: bool,
+    pattern: Pattern,
+    /// As configured, for the reasons given.
+    text: String,
+}
+
+/// The parsed list. `Guard::parse` refuses a rule that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    rules: Vec<Rule>,
+}
+
+/// Rules a list may hold: the check walks them per callback.
+pub const RULES_MAX: usize = 1024;
+
+/// Addresses a name may resolve to that are checked at create time (the
+/// rest are ignored: the connect-time check covers the one used).
+const ADDRESSES_MAX: usize = 64;
+
+impl Guard {
+    /// Parse `[timers] callback-allow`; the error names the key, the rule
+    /// and what is wrong with it.
+    pub fn parse(rules: &[String]) -> Result<Guard, String> {
+        if rules.len() > RULES_MAX {
+            return Err(format!(
+                "[timers] callback-allow has {} rules: at most {RULES_MAX}",
+                rules.len()
+            ));
+        }
+        let rules = rules
+            .iter()
+            .map(|text| {
+                parse_rule(text)
+                    .map_err(|why| format!("[timers] callback-allow rule {text:?}: {why}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Guard { rules })
+    }
+
+    /// How many rules the list holds.
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Whether the list is empty (it then refuses every callback).
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Whether a callback to `host` (as written in its URI: a name, an
+    /// address, or a bracketed IPv6 address) may go to `ip`. `Err` says
+    /// which rule refused it, or that none matched.
+    pub fn decide(&self, host: &str, ip: IpAddr) -> Result<(), String> {
+        let host = bare_host(host);
+        // A literal address is not a name: suffix rules never match it.
+        let name = host.parse::<IpAddr>().is_err().then_some(host);
+        let ip = canonical(ip);
+        let decided = self.rules.iter().find(|rule| match &rule.pattern {
+            Pattern::Net(net, prefix) => in_net(ip, *net, *prefix),
+            Pattern::Suffix {
+                name: suffix,
+                subdomains_only,
+            } => name.is_some_and(|n| name_matches(n, suffix, *subdomains_only)),
+        });
+        match decided {
+            Some(rule) if rule.allow => Ok(()),
+            Some(rule) => Err(format!(
+                "callback host {host} ({ip}) is refused by [timers] callback-allow rule {:?}",
+                rule.text
+            )),
+            None => Err(format!(
+                "callback host {host} ({ip}) is refused by [timers] callback-allow: no rule matched"
+            )),
+        }
+    }
+
+    /// The create-time check: every address `host` stands for must pass
+    /// [`Guard::decide`]. A name is resolved off the shard's thread, within
+    /// `limit`; one that does not resolve in time, or at all, is refused.
+    pub async fn check_host(&self, host: &str, port: u16, limit: Duration) -> Result<(), String> {
+        let bare = bare_host(host);
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return self.decide(host, ip);
+        }
+        let addresses = resolve_all(bare, port, limit).await?;
+        for ip in addresses {
+            self.decide(host, ip)?;
+        }
+        Ok(())
+    }
+}
+
+/// Every address of `host` (at most [`ADDRESSES_MAX`]), resolved on a
+/// blocking thread within `limit`.
+async fn resolve_all(host: &str, port: u16, limit: Duration) -> Result<Vec<IpAddr>, String> {
+    let lookup = format!("{host}:{port}");
+    let resolve = async {
+        glommio::executor()
+            .spawn_blocking(move || {
+                lookup
+                    .to_socket_addrs()
+                    .map(|it| it.take(ADDRESSES_MAX).map(|a| a.ip()).collect::<Vec<_>>())
+            })
+            .await
+            .map_err(|e| format!("callback host {host} does not resolve: {e}"))
+    };
+    let timeout = async {
+        crate::runtime::sleep::sleep(limit).await;
+        Err(format!(
+            "callback host {host} does not resolve within {} ms",
+            limit.as_millis()
+        ))
+    };
+    let addresses = future::or(resolve, timeout).await?;
+    if addresses.is_empty() {
+        return Err(format!("callback host {host} has no address"));
+    }
+    Ok(addresses)
+}
+
+/// A host without IPv6 brackets and a trailing dot.
+fn bare_host(host: &str) -> &str {
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    host.strip_suffix('.').unwrap_or(host)
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it carries (the
+/// kernel connects to that), so that IPv4 ranges cover it.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
+    match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            prefix == 0 || (u32::from(a) ^ u32::from(n)) >> (32 - u32::from(prefix)) == 0
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            prefix == 0 || (u128::from(a) ^ u128::from(n)) >> (128 - u32::from(prefix)) == 0
+        }
+        _ => false,
+    }
+}
+
+/// Whether `name` is `suffix` or one of its subdomains (case-insensitive;
+/// allocates nothing).
+fn name_matches(name: &str, suffix: &str, subdomains_only: bool) -> bool {
+    let (n, s) = (name.as_bytes(), suffix.as_bytes());
+    if n.len() == s.len() {
+        return !subdomains_only && n.eq_ignore_ascii_case(s);
+    }
+    n.len() > s.len()
+        && n[n.len() - s.len()..].eq_ignore_ascii_case(s)
+        && n[n.len() - s.len() - 1] == b'.'
+}
+
+fn parse_rule(text: &str) -> Result<Rule, String> {
+    let (allow, body) = match text.trim().strip_prefix('!') {
+        Some(rest) => (false, rest.trim()),
+        None => (true, text.trim()),
+    };
+    if body.is_empty() {
+        return Err("empty".into());
+    }
+    let pattern = match body.split_once('/') {
+        Some((address, prefix)) => parse_net(address, Some(prefix))?,
+        None if bare_host(body).parse::<IpAddr>().is_ok() => parse_net(bare_host(body), None)?,
+        None => parse_suffix(body)?,
+    };
+    Ok(Rule {
+        allow,
+        pattern,
+        text: text.to_string(),
+    })
+}
+
+/// `address/prefix`, or a bare address (one host). The address must be
+/// the network itself (no host bits set), so a typo is not silently a
+/// wider or narrower range.
+fn parse_net(address: &str, prefix: Option<&str>) -> Result<Pattern, String> {
+    let ip: IpAddr = address
+        .parse()
+        .map_err(|_| format!("{address:?} is not an IP address"))?;
+    let bits: u8 = if ip.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        None => bits,
+        Some(p) => p
+            .parse::<u8>()
+            .ok()
+            .filter(|p| *p <= bits)
+            .ok_or_else(|| format!("prefix length {p:?} must be 0 to {bits}"))?,
+    };
+    let host_bits_set = match ip {
+        IpAddr::V4(a) => prefix < 32 && u32::from(a) << prefix != 0,
+        IpAddr::V6(a) => prefix < 128 && u128::from(a) << prefix != 0,
+    };
+    if host_bits_set {
+        return Err(format!(
+            "{address} has bits set beyond the /{prefix} prefix (write the network address)"
+        ));
+    }
+    Ok(Pattern::Net(canonical(ip), prefix))
+}
+
+/// `example.com` or `.example.com`: labels of letters, digits, `-` and `_`.
+fn parse_suffix(body: &str) -> Result<Pattern, String> {
+    let (subdomains_only, name) = match body.strip_prefix('.') {
+        Some(rest) => (true, rest),
+        None => (false, body),
+    };
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    let labels_ok = !name.is_empty()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    let last_numeric = name
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+    if !labels_ok || last_numeric {
+        return Err("neither a CIDR, an IP address nor a host name suffix".into());
+    }
+    Ok(Pattern::Suffix {
+        name,
+        subdomains_only,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard(rules: &[&str]) -> Guard {
+        let rules: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
+        Guard::parse(&rules).unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_first_matching_rule_decides() {
+        let g = guard(&["!10.1.0.0/16", "10.0.0.0/8", "!::1", "2001:db8::/32"]);
+        assert!(g.decide("10.2.3.4", ip("10.2.3.4")).is_ok());
+        let e = g.decide("10.1.3.4", ip("10.1.3.4")).unwrap_err();
+        assert!(e.contains("\"!10.1.0.0/16\""), "{e}");
+        assert!(g.decide("[::1]", ip("::1")).unwrap_err().contains("!::1"));
+        assert!(g.decide("x", ip("2001:db8::5")).is_ok());
+        let e = g.decide("192.168.1.1", ip("192.168.1.1")).unwrap_err();
+        assert!(e.contains("no rule matched"), "{e}");
+        // An IPv4-mapped IPv6 address is its IPv4 address.
+        assert!(g
+            .decide("[::ffff:10.1.0.1]", ip("::ffff:10.1.0.1"))
+            .is_err());
+        assert!(g.decide("[::ffff:10.2.0.1]", ip("::ffff:10.2.0.1")).is_ok());
+        // /0 matches every address of its family.
+        let all = guard(&["!0.0.0.0/0", "::/0"]);
+        assert!(all.decide("1.2.3.4", ip("1.2.3.4")).is_err());
+        assert!(all.decide("x", ip("2001::1")).is_ok());
+    }
+
+    #[test]
+    fn suffixes_match_names_not_literals() {
+        let g = guard(&[".internal.example", "example.com", "!0.0.0.0/0"]);
+        let public = ip("8.8.8.8");
+        assert!(g.decide("example.com", public).is_ok());
+        assert!(g.decide("API.Example.COM.", public).is_ok());
+        assert!(g.decide("badexample.com", public).is_err());
+        assert!(g.decide("internal.example", public).is_err());
+        assert!(g.decide("a.internal.example", public).is_ok());
+        // The order decides between a name and an address.
+        let g = guard(&["!127.0.0.0/8", "localhost"]);
+        assert!(g.decide("localhost", ip("127.0.0.1")).is_err());
+        let g = guard(&["localhost", "!127.0.0.0/8"]);
+        assert!(g.decide("localhost", ip("127.0.0.1")).is_ok());
+        assert!(g.decide("127.0.0.1", ip("127.0.0.1")).is_err());
+    }
+
+    #[test]
+    fn bad_rules_are_named() {
+        for (rule, why) in [
+            ("10.0.0.0/33", "prefix length"),
+            ("10.0.0.1/8", "bits set beyond"),
+            ("10.0.0/8", "not an IP address"),
+            ("", "empty"),
+            ("!", "empty"),
+            ("exa mple.com", "neither"),
+            ("10.0.0", "neither"),
+            ("a..b", "neither"),
+            ("http://x", "not an IP address"),
+        ] {
+            let e = Guard::parse(&[rule.to_string()]).unwrap_err();
+            assert!(
+                e.contains("[timers] callback-allow") && e.contains(why),
+                "{rule:?}: {e}"
+            );
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! `[timers] callback-allow` (the callback guard against SSRF), with the
+//! real binary: literal addresses allowed and refused with the rule named
+//! in the `400`, a name resolving into a denied range, a suffix allow, a
+//! bad rule at start (exit 2) and at SIGHUP (the running list kept), and
+//! a callback refused at connect time after a reload narrowed the list.
+
+mod common;
+
+use common::{free_port, timer_body, wait_until, Behaviour, Node, Sink};
+use std::time::Duration;
+
+fn allow(rules: &[&str]) -> String {
+    let quoted: Vec<String> = rules.iter().map(|r| format!("{r:?}")).collect();
+    format!(
+        "[runtime]\ncores = 1\n[timers]\ncallback-allow = [{}]\n",
+        quoted.join(", ")
+    )
+}
+
+/// `POST /timers` for `uri`: the status and the body.
+fn post(node: &Node, uri: &str) -> (u16, String) {
+    let r = node.request("POST", "/timers", &timer_body("0.2", None, uri, "x"));
+    (r.status, r.text())
+}
+
+#[test]
+fn literal_addresses_are_judged_by_the_first_matching_rule() {
+    let sink = Sink::start(Behaviour::Ok);
+    let node = Node::start(&allow(&["!127.0.0.2", "127.0.0.0/8", "!10.0.0.0/8"]));
+    let (status, body) = post(&node, &sink.uri("/ok"));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(&node, "http://127.0.0.2:9/denied");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("rule \"!127.0.0.2\""), "{body}");
+    let (status, body) = post(&node, "http://10.1.2.3:9/denied");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("rule \"!10.0.0.0/8\""), "{body}");
+    let (status, body) = post(&node, "http://192.0.2.1/none");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("no rule matched"), "{body}");
+    // A client PUT is checked the same way.
+    let r = node.request(
+        "PUT",
+        "/timers/00000000000000010000000000000000",
+        &timer_body("0.2", None, "http://[::ffff:127.0.0.2]:9/mapped", "x"),
+    );
+    assert_eq!(r.status, 400, "an IPv4-mapped address is its IPv4 address");
+    assert!(r.text().contains("!127.0.0.2"), "{}", r.text());
+    // The allowed timer popped; nothing else did.
+    let pops = sink.wait_for(1, Duration::from_secs(10));
+    assert_eq!(pops.len(), 1);
+    assert_eq!(pops[0].path, "/ok");
+    assert_eq!(node.metric("chronos_timers_created_total"), 1.0);
+}
+
+#[test]
+fn a_name_resolving_into_a_denied_range_is_refused() {
+    // `localhost` is not listed; what it resolves to is.
+    let node = Node::start(&allow(&["!127.0.0.0/8", "!::1", "0.0.0.0/0"]));
+    let (status, body) = post(&node, "http://localhost:9/cb");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("callback host localhost") && body.contains("callback-allow rule \"!"),
+        "{body}"
+    );
+    let (status, body) = post(&node, "http://no-such-host.invalid/cb");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("no-such-host.invalid"), "{body}");
+}
+
+#[test]
+fn a_suffix_rule_allows_a_name_before_an_address_rule_denies() {
+    let sink = Sink::start(Behaviour::Ok);
+    let node = Node::start(&allow(&["localhost", "!127.0.0.0/8", "!::1"]));
+    let by_name = format!("http://localhost:{}/named", sink.addr.port());
+    let (status, body) = post(&node, &by_name);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(&node, &sink.uri("/literal"));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("rule \"!127.0.0.0/8\""), "{body}");
+    let (status, body) = post(&node, "http://notlocalhost:9/x");
+    assert_eq!(status, 400, "a suffix matches whole labels: {body}");
+    let pops = sink.wait_for(1, Duration::from_secs(10));
+    assert_eq!(pops.len(), 1);
+    assert_eq!(pops[0].path, "/named");
+}
+
+#[test]
+fn a_bad_rule_refuses_the_start() {
+    let mut node = Node::spawn_in(
+        None,
+        "127.0.0.1",
+        free_port(),
+        &allow(&["10.0.0.0/8", "10.0.0.1/33"]),
+        &[],
+    );
+    let status = node.wait_exit(Duration::from_secs(10)).expect("exits");
+    assert_eq!(status.code(), Some(2));
+    let log = node.log_text();
+    assert!(
+        log.contains("[timers] callback-allow rule \"10.0.0.1/33\"") && log.contains("prefix"),
+        "{log}"
+    );
+    // The variable names itself too.
+    let mut node = Node::spawn_in(
+        None,
+        "127.0.0.1",
+        free_port(),
+        "",
+        &[("CHRONOS_TIMERS_CALLBACK_ALLOW", "[\"exa mple\"]")],
+    );
+    let status = node.wait_exit(Duration::from_secs(10)).expect("exits");
+    assert_eq!(status.code(), Some(2));
+    let log = node.log_text();
+    assert!(
+        log.contains("\"exa mple\"") && log.contains("CHRONOS_TIMERS_CALLBACK_ALLOW"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_narrowed_list_refuses_at_connect_time_and_a_bad_one_is_not_taken() {
+    let sink = Sink::start(Behaviour::Ok);
+    let mut node = Node::start(&allow(&["127.0.0.0/8"]));
+    // Accepted while allowed; due in 4 s.
+    let (status, body) = post_in(&node, &sink.uri("/later"), "4");
+    assert_eq!(status, 200, "{body}");
+    // A reload with a bad rule is refused: the running list stays.
+    std::fs::write(node.config_path(), allow(&["!127.0.0.1/8"])).unwrap();
+    node.signal(libc::SIGHUP);
+    wait_until("the refused reload", Duration::from_secs(10), || {
+        let log = node.log_text();
+        match log.contains("configuration is invalid") {
+            true => Ok(()),
+            false => Err(log),
+        }
+    });
+    assert!(node.log_text().contains("\"!127.0.0.1/8\""));
+    let (status, body) = post_in(&node, &sink.uri("/still"), "4");
+    assert_eq!(status, 200, "the running list still allows it: {body}");
+    // Narrowed: the timers already accepted are refused when they pop.
+    reload(&node, &allow(&["!127.0.0.1", "127.0.0.0/8"]), 1);
+    wait_until(
+        "the narrowed list on the shard",
+        Duration::from_secs(10),
+        || match post(&node, "http://127.0.0.1:9/probe") {
+            (400, _) => Ok(()),
+            (status, body) => Err(format!("{status} {body}")),
+        },
+    );
+    wait_until(
+        "two refused callbacks",
+        Duration::from_secs(15),
+        || match node.metric("chronos_callbacks_refused_total") {
+            n if n >= 2.0 => Ok(()),
+            n => Err(format!("{n}")),
+        },
+    );
+    assert!(sink.pops().is_empty(), "{:?}", sink.pops());
+    assert_eq!(node.metric("chronos_callbacks_succeeded_total"), 0.0);
+    let log = node.log_text();
+    assert!(
+        log.contains("not sent: callback host 127.0.0.1 (127.0.0.1) is refused by [timers] callback-allow rule \"!127.0.0.1\""),
+        "{log}"
+    );
+    // Rate-limited: one line for both.
+    assert_eq!(log.matches("not sent: callback host").count(), 1, "{log}");
+    // Removing the key allows everything again.
+    reload(&node, "[runtime]\ncores = 1\n", 2);
+    wait_until(
+        "the list removed on the shard",
+        Duration::from_secs(10),
+        || match post(&node, &sink.uri("/open")) {
+            (200, _) => Ok(()),
+            (status, body) => Err(format!("{status} {body}")),
+        },
+    );
+    sink.wait_for(1, Duration::from_secs(10));
+    assert_eq!(node.metric("chronos_callbacks_succeeded_total"), 1.0);
+    node.kill9();
+}
+
+/// Rewrite the node's config, SIGHUP it, and wait for its `n`th reload
+/// line (the shards take it right after).
+fn reload(node: &Node, config: &str, n: usize) {
+    std::fs::write(node.config_path(), config).unwrap();
+    node.signal(libc::SIGHUP);
+    wait_until("the reload", Duration::from_secs(10), || {
+        let log = node.log_text();
+        match log.matches("cluster reloaded").count() >= n {
+            true => Ok(()),
+            false => Err(log),
+        }
+    });
+}
+
+/// `POST /timers` for `uri`, due in `interval` seconds.
+fn post_in(node: &Node, uri: &str, interval: &str) -> (u16, String) {
+    let r = node.request("POST", "/timers", &timer_body(interval, None, uri, "x"));
+    (r.status, r.text())
+}
