@@ -994,7 +994,12 @@ fn build_request(
     headers: &[(&str, &[u8])],
     body: &[u8],
 ) {
-    let _ = write!(out, "{method} {path} HTTP/1.1\r\nHost: {authority}\r\n");
+    // `http://host?q` has the path `?q`: the request target is `/?q`.
+    let slash = if path.starts_with('?') { "/" } else { "" };
+    let _ = write!(
+        out,
+        "{method} {slash}{path} HTTP/1.1\r\nHost: {authority}\r\n"
+    );
     for (name, value) in headers {
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b": ");

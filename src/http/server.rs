@@ -16,7 +16,7 @@
 
 use crate::http::ring::{Acceptor, NetRing, RingConn};
 use crate::http::tls::TlsConn;
-use crate::http::{parse_request, write_response, Parsed, Request};
+use crate::http::{parse_request, write_response, Method, Parsed, Request};
 use crate::runtime::gate::Gate;
 use crate::runtime::loglimit::{log_due, LogLimit};
 use crate::stats::ShardStats;
@@ -586,7 +586,11 @@ impl<H: Handler> Server<H> {
                     req.peer = input.peer;
                     let close_after = !req.keep_alive || self.gate.is_closing();
                     self.busy.set(self.busy.get() + 1);
+                    let at = out.len();
                     let status = self.handler.handle(&req, out, close_after).await;
+                    if req.method == Method::Head {
+                        head_only(out, at);
+                    }
                     self.busy.set(self.busy.get() - 1);
                     self.count(status);
                     input.start += used;
@@ -640,6 +644,17 @@ impl<H: Handler> Server<H> {
     }
 }
 
+/// Cut the body off the response that starts at `at` in `out`: an answer
+/// to `HEAD` has none (RFC 9110 9.3.2; its `Content-Length` stays), or a
+/// kept-alive client reads the body as the start of its next answer.
+fn head_only(out: &mut Vec<u8>, at: usize) {
+    let head_len = out[at..].windows(4).position(|w| w == b"\r\n\r\n");
+    assert!(head_len.is_some(), "a handler writes a whole response");
+    if let Some(len) = head_len {
+        out.truncate(at + len + 4);
+    }
+}
+
 /// Whether a batch that has written `out_bytes` and run for `ran` stops
 /// before its next request.
 fn stop_batch(out_bytes: usize, ran: Duration) -> bool {
@@ -649,6 +664,16 @@ fn stop_batch(out_bytes: usize, ran: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_head_answer_keeps_its_head_and_loses_its_body() {
+        let mut out = b"earlier".to_vec();
+        write_response(&mut out, 405, &[("Allow", b"GET")], b"not allowed", false);
+        head_only(&mut out, 7);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("earlierHTTP/1.1 405 "), "{text}");
+        assert!(text.ends_with("Content-Length: 11\r\n\r\n"), "{text}");
+    }
 
     #[test]
     fn a_batch_stops_at_the_output_bound_or_the_breath() {

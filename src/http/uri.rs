@@ -38,12 +38,26 @@ pub fn parse(uri: &str) -> Result<Target<'_>, String> {
     let split = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, path) = rest.split_at(split);
     let path = if path.is_empty() { "/" } else { path };
+    // The authority is sent as the callback's `Host` header: a space or a
+    // control character (CR LF) would let a client add headers of its own.
+    if authority.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(format!(
+            "{uri:?} has spaces or control characters in its host"
+        ));
+    }
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let end = v6
             .find(']')
             .ok_or_else(|| format!("{uri:?} has a bad IPv6 host"))?;
-        let port = &v6[end + 1..];
-        (&authority[..end + 2], port.strip_prefix(':'))
+        // After `]` only `:port` (`[::1]junk` used to mean port 80).
+        let port = match &v6[end + 1..] {
+            "" => None,
+            rest => Some(
+                rest.strip_prefix(':')
+                    .ok_or_else(|| format!("{uri:?} has a bad IPv6 host"))?,
+            ),
+        };
+        (&authority[..end + 2], port)
     } else {
         match authority.rsplit_once(':') {
             Some((h, p)) => (h, Some(p)),
@@ -141,6 +155,10 @@ mod tests {
             "ftp://h/",
             "httpss://h/",
             "http://h/a b",
+            "http://[::1]x/",
+            "http://[::1]\r\nX-A: b/",
+            "http://a\r\nX-A: b:80/",
+            "http://a b/",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
