@@ -108,7 +108,7 @@ fn request_duration_counts_each_route() {
     let node = Node::start("[runtime]\ncores = 1\n");
     let before = scrape(&node);
     let body = timer_body("60", None, &sink.uri("/r"), "x");
-    let made: [(&str, &str, &str, usize); 8] = [
+    let made: [(&str, &str, &str, usize); 9] = [
         ("POST", "/timers", body.as_str(), 3),
         (
             "PUT",
@@ -122,6 +122,7 @@ fn request_duration_counts_each_route() {
         ("GET", "/cluster", "", 1),
         ("GET", "/no-such-route", "", 2),
         ("POST", "/ping", "", 1),
+        ("GET", "/openapi.json", "", 1),
     ];
     for (method, path, body, times) in made {
         for _ in 0..times {
@@ -146,6 +147,7 @@ fn request_duration_counts_each_route() {
         ("ping", 4.0),
         ("ready", 1.0),
         ("cluster", 1.0),
+        ("openapi", 1.0),
         // A 404 and a wrong method are `other`.
         ("other", 3.0),
         // The scrape before (this one is counted once answered).
