@@ -22,6 +22,7 @@
 use crate::cluster::sites::Sites;
 use crate::cluster::Cluster;
 use crate::http::guard::Guard;
+use crate::http::tls::{self, ListenerTls};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -68,6 +69,11 @@ pub struct HttpConfig {
     pub net_ring: bool,
     /// Which shard's listener takes a new connection (`SO_REUSEPORT`).
     pub accept_steering: AcceptSteering,
+    /// PEM certificate chain (leaf first): the listener speaks TLS only.
+    /// With `tls-private-key`; both or neither. Re-read on SIGHUP.
+    pub tls_certificate: Option<String>,
+    /// PEM private key of `tls-certificate`.
+    pub tls_private_key: Option<String>,
 }
 
 /// How the kernel picks a shard's listener for a new connection.
@@ -107,6 +113,8 @@ impl Default for HttpConfig {
             write_timeout_ms: 30_000,
             net_ring: true,
             accept_steering: AcceptSteering::Cpu,
+            tls_certificate: None,
+            tls_private_key: None,
         }
     }
 }
@@ -259,6 +267,9 @@ pub struct TimersConfig {
     pub default_replication_factor: u8,
     /// Pending timers per shard; beyond it creation gets `503`.
     pub timers_per_shard_max: usize,
+    /// PEM CA certificates that `https://` callback targets are verified
+    /// against (instead of the system's store).
+    pub callback_ca_file: Option<String>,
     /// Which hosts callbacks may reach (`http::guard`): CIDRs and host
     /// suffixes, `!` to deny, the first match deciding. `None`: every
     /// host, and no resolution at create time. Reloaded by SIGHUP.
@@ -277,6 +288,7 @@ impl Default for TimersConfig {
             replica_skew_ms: 2000,
             default_replication_factor: 2,
             timers_per_shard_max: 8_000_000,
+            callback_ca_file: None,
             callback_allow: None,
         }
     }
@@ -464,6 +476,12 @@ pub struct Resolved {
     pub source: Source,
     /// What start-up should log at warn (unknown `CHRONOS_*` variables).
     pub warnings: Vec<String>,
+    /// `[http] tls-certificate`: the listener's TLS, its files read and
+    /// checked (a reload keeps this one and re-reads its files).
+    pub tls: Option<Arc<ListenerTls>>,
+    /// `https://` callbacks: the roots of `[timers] callback-ca-file`, else
+    /// the system's (each shard takes its own copy, `tls::for_shard`).
+    pub callback_tls: Option<Arc<rustls::ClientConfig>>,
     /// `[timers] callback-allow` parsed; `None`: callbacks go anywhere.
     pub guard: Option<Arc<Guard>>,
 }
@@ -542,13 +560,38 @@ impl Config {
         let mut resolved = config
             .resolve(available_cores)
             .map_err(|e| overrides::annotate(e, &source.applied))?;
+        warnings.append(&mut resolved.warnings);
         (resolved.source, resolved.warnings) = (source, warnings);
         Ok(resolved)
     }
 
-    /// Check every value and derive what the engine needs.
+    /// Check every value and derive what the engine needs, reading the
+    /// TLS files (a bad path or PEM is an error naming the key and file).
     pub fn resolve(self, available_cores: usize) -> Result<Resolved, String> {
-        self.resolve_with(available_cores, None)
+        let tls = self.load_tls()?;
+        let ca = self.timers.callback_ca_file.as_deref();
+        let (roots, warning) = tls::roots(ca.map(|p| ("[timers] callback-ca-file", p)))?;
+        let callback_tls = tls::client_config(roots, None)?;
+        let mut resolved = self.resolve_with(available_cores, None)?;
+        resolved.tls = tls;
+        resolved.callback_tls = Some(callback_tls);
+        resolved.warnings.extend(warning);
+        Ok(resolved)
+    }
+
+    /// `[http] tls-certificate` and `tls-private-key`: both or neither.
+    fn load_tls(&self) -> Result<Option<Arc<ListenerTls>>, String> {
+        let h = &self.http;
+        match (&h.tls_certificate, &h.tls_private_key) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => ListenerTls::load(
+                ("[http] tls-certificate", cert),
+                ("[http] tls-private-key", key),
+            )
+            .map(|t| Some(Arc::new(t))),
+            (Some(_), None) => Err("[http] tls-certificate is set without tls-private-key: set both (TLS) or neither (plain HTTP)".into()),
+            (None, Some(_)) => Err("[http] tls-private-key is set without tls-certificate: set both (TLS) or neither (plain HTTP)".into()),
+        }
     }
 
     /// `resolve`, with `sites` already resolved (a reload keeps the ones
@@ -577,6 +620,8 @@ impl Config {
             sites,
             source: Source::default(),
             warnings: Vec::new(),
+            tls: None,
+            callback_tls: None,
             guard,
         })
     }

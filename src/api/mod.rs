@@ -11,6 +11,7 @@
 //! | `/ping`               | `GET`, `HEAD`     |
 //! | `/ready`              | `GET`, `HEAD`     |
 //! | `/metrics`            | `GET`             |
+//! | `/openapi.json`       | `GET`: [`OPENAPI`], this table as a contract |
 //!
 //! With `[cluster] shared-secret`, the internal API (replication and
 //! cross-site `PUT`s, the resync `GET` and `DELETE`) and the admin routes
@@ -28,6 +29,11 @@ use crate::timer::{spec, TimerId};
 use std::future::Future;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+/// The OpenAPI 3.1 description of every route here (`src/dist/`, served
+/// as it is: tests/openapi.rs holds it and the router to each other).
+/// Public, as `/ping` is: it says nothing of this node's configuration.
+pub const OPENAPI: &str = include_str!("../dist/openapi.json");
 
 /// Readiness beyond the shards themselves (e.g. the delay queue's
 /// Postgres and broker): `Err` names what is not ready.
@@ -107,6 +113,10 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
         },
         "/metrics" => match req.method {
             Method::Get => metrics(shard, out, close).await,
+            _ => not_allowed(out, "GET", close),
+        },
+        "/openapi.json" => match req.method {
+            Method::Get => json(out, 200, OPENAPI, close),
             _ => not_allowed(out, "GET", close),
         },
         path => match path.strip_prefix("/timers/") {

@@ -15,6 +15,8 @@
 
 use super::guard::Guard;
 use super::permits::{Permit, Permits};
+use super::server::GlommioConn;
+use super::tls::TlsConn;
 use super::{format_u32, uri};
 use crate::runtime::notify::Notify;
 use crate::runtime::sleep::sleep;
@@ -51,8 +53,46 @@ const READ_CHUNK: usize = 16 * 1024;
 /// The first read of a response.
 const FIRST_READ: usize = 1024;
 
+/// A connection to a target: plain, or TLS over it (chosen once, when the
+/// connection is made; a plain one runs glommio's stream as before).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsConn<GlommioConn>>),
+}
+
+impl Stream {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf).await,
+            Stream::Tls(s) => s.read_plain(buf).await,
+        }
+    }
+
+    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.write_all(data).await,
+            Stream::Tls(s) => s.write_plain(data).await,
+        }
+    }
+}
+
+/// What a pool is for: an address, and for `https://` the server name its
+/// certificate is verified for (the URI's host), so that two names on one
+/// address never share a connection. A plain key allocates nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PoolKey {
+    addr: SocketAddr,
+    tls: Option<Box<str>>,
+}
+
+impl PoolKey {
+    fn plain(addr: SocketAddr) -> PoolKey {
+        PoolKey { addr, tls: None }
+    }
+}
+
 struct HostPool {
-    idle: RefCell<Vec<TcpStream>>,
+    idle: RefCell<Vec<Stream>>,
     /// Requests waiting for a lane (callbacks), oldest first; entries a
     /// lane took out of order or whose caller withdrew them stay until
     /// they reach the front (every lane drops those first).
@@ -94,7 +134,7 @@ impl HostPool {
     }
 
     /// Keep a connection that can be reused (up to `IDLE_PER_HOST_MAX`).
-    fn give_back(&self, stream: TcpStream) {
+    fn give_back(&self, stream: Stream) {
         let mut idle = self.idle.borrow_mut();
         if idle.len() < IDLE_PER_HOST_MAX {
             idle.push(stream);
@@ -221,6 +261,8 @@ enum Failure {
 struct Request<'a> {
     host: &'a str,
     port: u16,
+    /// `https://`: over TLS, the certificate verified for `host`.
+    tls: bool,
     authority: &'a str,
     method: &'a str,
     path: &'a str,
@@ -294,7 +336,10 @@ pub struct Client {
     timeout: Duration,
     connect_timeout: Duration,
     per_host_max: usize,
-    pools: RefCell<HashMap<SocketAddr, Rc<HostPool>>>,
+    pools: RefCell<HashMap<PoolKey, Rc<HostPool>>>,
+    /// For `https://` targets: the shard's own rustls configuration, so
+    /// its session store (resumption) is the shard's alone.
+    tls: Option<Arc<rustls::ClientConfig>>,
     /// Host name → the port it was resolved with, its address, when.
     names: RefCell<HashMap<String, (u16, SocketAddr, Instant)>>,
     spare: RefCell<Vec<Vec<u8>>>,
@@ -335,8 +380,15 @@ impl Client {
             spare_batches: RefCell::new(Vec::new()),
             spare_batch_buffers: RefCell::new(Vec::new()),
             wanted: RefCell::new(None),
+            tls: None,
             guard: RefCell::new(None),
         }
+    }
+
+    /// Reach `https://` targets with `tls` (without it they fail, saying so).
+    pub fn with_tls(mut self, tls: Option<Arc<rustls::ClientConfig>>) -> Client {
+        self.tls = tls;
+        self
     }
 
     /// Set (or clear) the callback guard; a reload calls it again.
@@ -373,6 +425,7 @@ impl Client {
         let request = Request {
             host: target.host,
             port: target.port,
+            tls: target.tls,
             authority: target.authority,
             method: "POST",
             path: target.path,
@@ -421,7 +474,8 @@ impl Client {
                     ..unsent(reason)
                 })?;
         }
-        let pool = self.pool(addr);
+        let to = pool_key(addr, r);
+        let pool = self.pool(&to);
         pool.admit_waiter(addr, pool.queued.get()).map_err(unsent)?;
         let mut request = self.take_buffer();
         build_request(
@@ -437,7 +491,7 @@ impl Client {
         pool.queued.set(pool.queued.get() + 1);
         let result = {
             let _withdraw = Withdraw(&job, &pool);
-            self.await_turn(&pool, addr, &job, wait_until).await
+            self.await_turn(&pool, &to, &job, wait_until).await
         };
         self.give_job(job);
         result.map_err(|e| match e {
@@ -458,7 +512,7 @@ impl Client {
     async fn await_turn(
         &self,
         pool: &HostPool,
-        addr: SocketAddr,
+        key: &PoolKey,
         job: &Rc<Job>,
         wait_until: Option<Instant>,
     ) -> Result<u16, Option<Failure>> {
@@ -474,7 +528,7 @@ impl Client {
             }
             match self.lane_or_served(pool, job, wait_until).await {
                 Turn::Lane(permit) => {
-                    self.run_lane(pool, addr, job).await;
+                    self.run_lane(pool, key, job).await;
                     drop(permit);
                 }
                 Turn::Served => {}
@@ -533,7 +587,7 @@ impl Client {
 
     /// Send one pipelined batch for the target, `own` first (see
     /// `send_queued`), handing each job its status or the failure.
-    async fn run_lane(&self, pool: &HostPool, addr: SocketAddr, own: &Rc<Job>) {
+    async fn run_lane(&self, pool: &HostPool, key: &PoolKey, own: &Rc<Job>) {
         let spare = self.spare_batches.borrow_mut().pop();
         let (mut batch, mut statuses) = spare.unwrap_or_else(|| {
             let n = LANE_BATCH_MAX;
@@ -554,7 +608,7 @@ impl Client {
         }
         let sent_at = Instant::now();
         let result = self
-            .pipeline(addr, &bytes, batch.len(), self.timeout, &mut statuses)
+            .pipeline_on(key, &bytes, batch.len(), self.timeout, &mut statuses)
             .await;
         pool.failed_at.set(result.is_err().then(Instant::now));
         self.adapt_batch(pool, batch.len(), sent_at.elapsed(), result.is_ok());
@@ -616,6 +670,7 @@ impl Client {
         let request = Request {
             host,
             port,
+            tls: false,
             authority,
             method,
             path,
@@ -637,7 +692,8 @@ impl Client {
     ) -> Result<Response, RequestError> {
         let unsent = RequestError::unsent;
         let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
-        let pool = self.pool(addr);
+        let key = pool_key(addr, r);
+        let pool = self.pool(&key);
         let _permit = self.permit(&pool, addr, wait).await.map_err(unsent)?;
         // The timeout of the request itself starts when it is sent (seed
         // 000: a callback must complete within 2 s of being sent).
@@ -650,7 +706,7 @@ impl Client {
             // A pooled connection may have been closed by the peer: one retry
             // on a fresh connection when nothing at all came back.
             for attempt in 0..2 {
-                let (mut stream, reused) = self.take_connection(&pool, addr, deadline).await?;
+                let (mut stream, reused) = self.take_connection(&pool, &key, deadline).await?;
                 match exchange(&mut stream, &out, head_only, want_body, &mut received).await {
                     Ok((response, keep)) => {
                         if keep {
@@ -686,14 +742,28 @@ impl Client {
         timeout: Duration,
         statuses: &mut Vec<u16>,
     ) -> Result<(), String> {
+        let key = PoolKey::plain(addr);
+        self.pipeline_on(&key, requests, count, timeout, statuses)
+            .await
+    }
+
+    /// [`Client::pipeline`] to `key`'s pool.
+    async fn pipeline_on(
+        &self,
+        key: &PoolKey,
+        requests: &[u8],
+        count: usize,
+        timeout: Duration,
+        statuses: &mut Vec<u16>,
+    ) -> Result<(), String> {
         assert!(count > 0 && !requests.is_empty(), "a batch has requests");
         statuses.clear();
-        let pool = self.pool(addr);
+        let pool = self.pool(key);
         let deadline = Instant::now() + timeout;
         let mut received = self.take_batch_buffer();
         let work = async {
             for attempt in 0..2 {
-                let (mut stream, reused) = self.take_connection(&pool, addr, deadline).await?;
+                let (mut stream, reused) = self.take_connection(&pool, key, deadline).await?;
                 match exchange_batch(&mut stream, requests, count, statuses, &mut received).await {
                     Ok(keep) => {
                         if keep {
@@ -775,15 +845,15 @@ impl Client {
     async fn take_connection(
         &self,
         pool: &HostPool,
-        addr: SocketAddr,
+        key: &PoolKey,
         deadline: Instant,
-    ) -> Result<(TcpStream, bool), String> {
+    ) -> Result<(Stream, bool), String> {
         // Take the idle connection before awaiting anything: no RefCell
         // borrow may live across an await.
         let idle = pool.idle.borrow_mut().pop();
         match idle {
             Some(s) => Ok((s, true)),
-            None => Ok((self.connect(addr, deadline).await?, false)),
+            None => Ok((self.connect(key, deadline).await?, false)),
         }
     }
 
@@ -792,19 +862,30 @@ impl Client {
         Err(format!("no answer within {} ms", self.timeout.as_millis()))
     }
 
-    async fn connect(&self, addr: SocketAddr, deadline: Instant) -> Result<TcpStream, String> {
+    /// A new connection for `key`: TCP, and for `https://` the TLS
+    /// handshake (within the caller's deadline, which races the work).
+    async fn connect(&self, key: &PoolKey, deadline: Instant) -> Result<Stream, String> {
+        let addr = key.addr;
         let left = deadline.saturating_duration_since(Instant::now());
         let limit = self.connect_timeout.min(left).max(Duration::from_millis(1));
         let stream = TcpStream::connect_timeout(addr, limit)
             .await
             .map_err(|e| format!("connect to {addr}: {e}"))?;
         let _ = stream.set_nodelay(true);
-        Ok(stream)
+        let Some(host) = &key.tls else {
+            return Ok(Stream::Plain(stream));
+        };
+        let config = self.tls.as_ref().ok_or("https:// is not available here")?;
+        let name = server_name(host)?;
+        let tls = TlsConn::connect(GlommioConn(stream), config, name)
+            .await
+            .map_err(|e| format!("TLS handshake with {host} ({addr}): {e}"))?;
+        Ok(Stream::Tls(Box::new(tls)))
     }
 
-    fn pool(&self, addr: SocketAddr) -> Rc<HostPool> {
+    fn pool(&self, key: &PoolKey) -> Rc<HostPool> {
         let mut pools = self.pools.borrow_mut();
-        if let Some(p) = pools.get(&addr) {
+        if let Some(p) = pools.get(key) {
             return p.clone();
         }
         if pools.len() >= HOSTS_MAX {
@@ -820,7 +901,7 @@ impl Client {
             waiting: Cell::new(0),
             failed_at: Cell::new(None),
         });
-        pools.insert(addr, pool.clone());
+        pools.insert(key.clone(), pool.clone());
         pool
     }
 
@@ -885,6 +966,26 @@ impl Client {
     }
 }
 
+/// The pool for `r` at `addr`: by address, and for `https://` also by
+/// the server name.
+fn pool_key(addr: SocketAddr, r: &Request<'_>) -> PoolKey {
+    PoolKey {
+        addr,
+        tls: r.tls.then(|| r.host.into()),
+    }
+}
+
+/// The name a TLS peer's certificate must carry: a DNS name, or an IP
+/// literal (bracketed for IPv6 in a URI), matched against IP SANs.
+fn server_name(host: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    rustls::pki_types::ServerName::try_from(bare.to_string())
+        .map_err(|e| format!("{host:?} is not a usable TLS server name: {e}"))
+}
+
 fn build_request(
     out: &mut Vec<u8>,
     method: &str,
@@ -893,7 +994,12 @@ fn build_request(
     headers: &[(&str, &[u8])],
     body: &[u8],
 ) {
-    let _ = write!(out, "{method} {path} HTTP/1.1\r\nHost: {authority}\r\n");
+    // `http://host?q` has the path `?q`: the request target is `/?q`.
+    let slash = if path.starts_with('?') { "/" } else { "" };
+    let _ = write!(
+        out,
+        "{method} {slash}{path} HTTP/1.1\r\nHost: {authority}\r\n"
+    );
     for (name, value) in headers {
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b": ");
@@ -941,7 +1047,7 @@ impl<'b> Recv<'b> {
 
     /// Read once more; end of stream is an error. The failure is
     /// `NothingBack` only when nothing at all was received.
-    async fn fill(&mut self, stream: &mut TcpStream) -> Result<(), Exchange> {
+    async fn fill(&mut self, stream: &mut Stream) -> Result<(), Exchange> {
         if self.pos > 0 {
             self.buf.drain(..self.pos);
             self.pos = 0;
@@ -982,7 +1088,7 @@ impl<'b> Recv<'b> {
 /// Send one request and read its response. Returns the response and whether
 /// the connection can be reused.
 async fn exchange(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     request: &[u8],
     head_only: bool,
     want_body: bool,
@@ -1001,7 +1107,7 @@ async fn exchange(
 /// Send a pipelined batch and read `count` responses, pushing each status
 /// onto `statuses`. Ok: whether the connection can be reused.
 async fn exchange_batch(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     requests: &[u8],
     count: usize,
     statuses: &mut Vec<u16>,
@@ -1037,7 +1143,7 @@ struct Head {
 /// bytes after it in `recv`. Returns it and whether the connection may be
 /// kept.
 async fn read_response(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     recv: &mut Recv<'_>,
     head_only: bool,
     want_body: bool,
@@ -1165,7 +1271,7 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
 }
 
 async fn read_length(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     recv: &mut Recv<'_>,
     len: usize,
     want_body: bool,
@@ -1186,7 +1292,7 @@ async fn read_length(
 }
 
 async fn read_chunked(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     recv: &mut Recv<'_>,
     want_body: bool,
 ) -> Result<Vec<u8>, Exchange> {
@@ -1220,7 +1326,7 @@ async fn read_chunked(
 }
 
 async fn read_until_close(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     recv: &mut Recv<'_>,
     want_body: bool,
 ) -> Result<Vec<u8>, Exchange> {

@@ -11,6 +11,7 @@ pub mod guard;
 pub mod permits;
 pub mod ring;
 pub mod server;
+pub mod tls;
 pub mod uri;
 
 use std::mem::MaybeUninit;

@@ -15,8 +15,10 @@
 //! client stopped reading) closes the connection.
 
 use crate::http::ring::{Acceptor, NetRing, RingConn};
-use crate::http::{parse_request, write_response, Parsed, Request};
+use crate::http::tls::TlsConn;
+use crate::http::{parse_request, write_response, Method, Parsed, Request};
 use crate::runtime::gate::Gate;
+use crate::runtime::loglimit::{log_due, LogLimit};
 use crate::stats::ShardStats;
 use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
@@ -41,6 +43,8 @@ const REFUSE_SLACK: usize = 64;
 /// connection's write buffer holds at most this plus one response (and
 /// reading waits until the write is taken).
 const OUT_BYTES_MAX: usize = 1024 * 1024;
+/// At most one log line per this period for failed TLS handshakes.
+const TLS_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// What answers requests: the composition root hands one to the server.
 pub trait Handler: 'static {
@@ -71,6 +75,9 @@ pub struct Limits {
     pub write_timeout: Duration,
     /// How long shutdown waits for requests in hand.
     pub drain: Duration,
+    /// `[http] tls-certificate`: every connection speaks TLS, its handshake
+    /// within `header_timeout`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// One shard's HTTP server: admission (connections open, requests in
@@ -87,6 +94,8 @@ pub struct Server<H: Handler> {
     /// Open connections per peer address (entries only for open ones, so
     /// at most `connections_max`).
     per_source: RefCell<HashMap<IpAddr, usize>>,
+    /// Failed TLS handshakes (a client can provoke them at will).
+    tls_log: LogLimit,
 }
 
 /// A connection as `serve` sees it.
@@ -132,7 +141,7 @@ impl Conn for RingConn {
 /// glommio's stream, with the idle timeout as its read timeout and the
 /// write timeout as its write timeout (which glommio counts from the last
 /// progress of a blocked write).
-pub struct GlommioConn(TcpStream);
+pub struct GlommioConn(pub TcpStream);
 
 impl Conn for GlommioConn {
     fn read<'a>(&'a mut self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + 'a {
@@ -199,6 +208,7 @@ impl<H: Handler> Server<H> {
             busy: Cell::new(0),
             connections: Cell::new(0),
             per_source: RefCell::new(HashMap::new()),
+            tls_log: Cell::new((None, 0)),
         })
     }
 
@@ -267,7 +277,11 @@ impl<H: Handler> Server<H> {
             .fetch_add(1, Ordering::Relaxed);
         let server = self.clone();
         glommio::spawn_local(async move {
-            server.serve(conn).await;
+            // Once per connection: a plain one runs the plain code.
+            match server.limits.tls.clone() {
+                None => server.serve(conn).await,
+                Some(tls) => server.serve_tls(conn, &tls).await,
+            }
             if let Some(ip) = ip {
                 let mut per = server.per_source.borrow_mut();
                 let n = per.get_mut(&ip).expect("counted at admission");
@@ -284,6 +298,31 @@ impl<H: Handler> Server<H> {
                 .fetch_sub(1, Ordering::Relaxed);
         })
         .detach();
+    }
+
+    /// Run the TLS handshake within `header-timeout-ms`, then serve the
+    /// connection over it; a handshake that fails or does not finish is
+    /// counted, logged (rate-limited) and closes the connection.
+    async fn serve_tls<C: Conn>(&self, conn: C, tls: &Arc<rustls::ServerConfig>) {
+        let peer = conn.peer_ip();
+        let limit = self.limits.header_timeout;
+        let shaken = future::or(TlsConn::accept(conn, tls), async {
+            glommio::timer::sleep(limit).await;
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the handshake did not finish within header-timeout-ms",
+            ))
+        })
+        .await;
+        match shaken {
+            Ok(conn) => self.serve(conn).await,
+            Err(e) => {
+                ShardStats::add(&self.my_stats().tls_handshakes_failed, 1);
+                if let Some(quiet) = log_due(&self.tls_log, Instant::now(), TLS_LOG_EVERY) {
+                    tracing::warn!(target: "chronos::http", "shard {}: TLS handshake from {} failed: {e} ({quiet} more since the last such line)", self.shard, peer.map_or("?".to_string(), |p| p.to_string()));
+                }
+            }
+        }
     }
 
     /// Accept until shutdown (glommio's sockets).
@@ -547,7 +586,11 @@ impl<H: Handler> Server<H> {
                     req.peer = input.peer;
                     let close_after = !req.keep_alive || self.gate.is_closing();
                     self.busy.set(self.busy.get() + 1);
+                    let at = out.len();
                     let status = self.handler.handle(&req, out, close_after).await;
+                    if req.method == Method::Head {
+                        head_only(out, at);
+                    }
                     self.busy.set(self.busy.get() - 1);
                     self.count(status);
                     input.start += used;
@@ -601,6 +644,17 @@ impl<H: Handler> Server<H> {
     }
 }
 
+/// Cut the body off the response that starts at `at` in `out`: an answer
+/// to `HEAD` has none (RFC 9110 9.3.2; its `Content-Length` stays), or a
+/// kept-alive client reads the body as the start of its next answer.
+fn head_only(out: &mut Vec<u8>, at: usize) {
+    let head_len = out[at..].windows(4).position(|w| w == b"\r\n\r\n");
+    assert!(head_len.is_some(), "a handler writes a whole response");
+    if let Some(len) = head_len {
+        out.truncate(at + len + 4);
+    }
+}
+
 /// Whether a batch that has written `out_bytes` and run for `ran` stops
 /// before its next request.
 fn stop_batch(out_bytes: usize, ran: Duration) -> bool {
@@ -610,6 +664,16 @@ fn stop_batch(out_bytes: usize, ran: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_head_answer_keeps_its_head_and_loses_its_body() {
+        let mut out = b"earlier".to_vec();
+        write_response(&mut out, 405, &[("Allow", b"GET")], b"not allowed", false);
+        head_only(&mut out, 7);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("earlierHTTP/1.1 405 "), "{text}");
+        assert!(text.ends_with("Content-Length: 11\r\n\r\n"), "{text}");
+    }
 
     #[test]
     fn a_batch_stops_at_the_output_bound_or_the_breath() {

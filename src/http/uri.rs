@@ -1,6 +1,6 @@
-//! `http://` URIs: what a callback (or a peer) is reached at.
+//! `http://` and `https://` URIs: what a callback (or a peer) is reached at.
 
-/// The parts of an `http://` callback URI.
+/// The parts of an `http://` or `https://` callback URI.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Target<'a> {
     /// Host as written (an IP literal, a bracketed IPv6 literal, or a name).
@@ -10,25 +10,54 @@ pub struct Target<'a> {
     pub path: &'a str,
     /// `host[:port]` for the `Host` header.
     pub authority: &'a str,
+    /// `https://`: reached over TLS, the certificate verified for `host`.
+    pub tls: bool,
 }
 
-/// Split an `http://host[:port][/path]` URI. The error names the URI and
-/// what is wrong with it.
+/// The scheme of `uri` (case-insensitive), whether it is TLS, and the rest.
+fn scheme(uri: &str) -> Option<(bool, &str)> {
+    let starts = |prefix: &str| {
+        uri.get(..prefix.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(prefix))
+    };
+    if starts("http://") {
+        Some((false, &uri[7..]))
+    } else if starts("https://") {
+        Some((true, &uri[8..]))
+    } else {
+        None
+    }
+}
+
+/// Split an `http[s]://host[:port][/path]` URI (port 80, or 443 for
+/// `https://`, by default). The error names the URI and what is wrong
+/// with it.
 pub fn parse(uri: &str) -> Result<Target<'_>, String> {
-    let rest = uri
-        .get(..7)
-        .filter(|s| s.eq_ignore_ascii_case("http://"))
-        .map(|_| &uri[7..])
-        .ok_or_else(|| format!("{uri:?} must be an http:// URI"))?;
+    let (tls, rest) =
+        scheme(uri).ok_or_else(|| format!("{uri:?} must be an http:// or https:// URI"))?;
     let split = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, path) = rest.split_at(split);
     let path = if path.is_empty() { "/" } else { path };
+    // The authority is sent as the callback's `Host` header: a space or a
+    // control character (CR LF) would let a client add headers of its own.
+    if authority.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(format!(
+            "{uri:?} has spaces or control characters in its host"
+        ));
+    }
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let end = v6
             .find(']')
             .ok_or_else(|| format!("{uri:?} has a bad IPv6 host"))?;
-        let port = &v6[end + 1..];
-        (&authority[..end + 2], port.strip_prefix(':'))
+        // After `]` only `:port` (`[::1]junk` used to mean port 80).
+        let port = match &v6[end + 1..] {
+            "" => None,
+            rest => Some(
+                rest.strip_prefix(':')
+                    .ok_or_else(|| format!("{uri:?} has a bad IPv6 host"))?,
+            ),
+        };
+        (&authority[..end + 2], port)
     } else {
         match authority.rsplit_once(':') {
             Some((h, p)) => (h, Some(p)),
@@ -39,6 +68,7 @@ pub fn parse(uri: &str) -> Result<Target<'_>, String> {
         return Err(format!("{uri:?} has no usable host"));
     }
     let port = match port {
+        None if tls => 443,
         None => 80,
         Some(p) => p
             .parse::<u16>()
@@ -56,10 +86,12 @@ pub fn parse(uri: &str) -> Result<Target<'_>, String> {
         port,
         path,
         authority,
+        tls,
     })
 }
 
-/// Whether `uri` is a usable `http://` URI (the JSON codec's check).
+/// Whether `uri` is a usable `http://` or `https://` URI (the JSON
+/// codec's check).
 pub fn check(uri: &str) -> Result<(), String> {
     parse(uri).map(|_| ())
 }
@@ -104,13 +136,29 @@ mod tests {
         let t = parse("HTTP://example.com").unwrap();
         assert_eq!((t.host, t.port, t.path), ("example.com", 80, "/"));
         let t = parse("http://[::1]:9/a").unwrap();
-        assert_eq!((t.host, t.port), ("[::1]", 9));
+        assert_eq!((t.host, t.port, t.tls), ("[::1]", 9, false));
+        let t = parse("HTTPS://example.com/cb").unwrap();
+        assert_eq!(
+            (t.host, t.port, t.path, t.tls),
+            ("example.com", 443, "/cb", true)
+        );
+        let t = parse("https://10.0.0.1:8443").unwrap();
+        assert_eq!(
+            (t.host, t.port, t.authority, t.tls),
+            ("10.0.0.1", 8443, "10.0.0.1:8443", true)
+        );
         for bad in [
             "http://",
+            "https://",
             "http://h:0/",
             "http://h:x/",
-            "https://h/",
+            "ftp://h/",
+            "httpss://h/",
             "http://h/a b",
+            "http://[::1]x/",
+            "http://[::1]\r\nX-A: b/",
+            "http://a\r\nX-A: b:80/",
+            "http://a b/",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }

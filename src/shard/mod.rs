@@ -47,6 +47,7 @@ use crate::cluster::Cluster;
 use crate::config::Resolved;
 use crate::http::client::{CallbackKey, Client, ClientConfig};
 use crate::http::guard::Guard;
+use crate::http::tls;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::runtime::mesh::Mesh;
@@ -108,11 +109,14 @@ impl Shard {
         );
         let store = Store::new(id, shards, resolved.instance_id, clock::now_ms());
         let timers = &resolved.config.timers;
-        let client = Rc::new(Client::new(ClientConfig {
-            timeout: Duration::from_millis(timers.callback_timeout_ms),
-            connect_timeout: Duration::from_millis(timers.callback_connect_timeout_ms),
-            per_host_max: timers.callback_connections_per_host_max,
-        }));
+        let client = Rc::new(
+            Client::new(ClientConfig {
+                timeout: Duration::from_millis(timers.callback_timeout_ms),
+                connect_timeout: Duration::from_millis(timers.callback_connect_timeout_ms),
+                per_host_max: timers.callback_connections_per_host_max,
+            })
+            .with_tls(resolved.callback_tls.as_ref().map(tls::for_shard)),
+        );
         let c = &resolved.config.cluster;
         let replicator = Replicator::new(
             &replication_peers(&resolved.cluster),

@@ -30,7 +30,7 @@ use crate::http::uri::percent_decode;
 use crate::runtime::bulk::{self, Pacer};
 use crate::runtime::clock;
 use crate::stats::ShardStats;
-use crate::timer::spec::TAGS_MAX;
+use crate::timer::spec::{self, TAGS_MAX};
 use crate::timer::{shard_of, Timer, TimerId};
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -605,7 +605,7 @@ pub async fn parse_references(body: &[u8], pacer: &mut Pacer) -> Result<Vec<(u64
     struct Entry<'a> {
         #[serde(rename = "ID", borrow)]
         id: std::borrow::Cow<'a, str>,
-        #[serde(rename = "ReplicaIndex")]
+        #[serde(rename = "ReplicaIndex", deserialize_with = "spec::integer")]
         replica_index: u32,
     }
     let bad = |e: &dyn std::fmt::Display| {

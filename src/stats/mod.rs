@@ -163,6 +163,7 @@ counters! {
     http_requests: "HTTP requests handled.",
     http_errors: "HTTP requests answered with a 4xx or 5xx status.",
     connections_rejected: "Connections refused with 503 at the connection bound.",
+    tls_handshakes_failed: "TLS handshakes on the listener that failed or did not finish within header-timeout-ms.",
     mesh_forwarded: "Requests forwarded to the owning shard over the cross-core mesh.",
     replication_enqueued: "Replication messages queued for a peer.",
     replication_sent: "Replication messages a peer answered with 2xx.",

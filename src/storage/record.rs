@@ -198,7 +198,8 @@ pub fn put<'t>(
     let mut n = 0u8;
     for (name, count) in tags {
         // Whole names, never cut (a cut could split a UTF-8 character);
-        // the codec's limits (256 bytes, 32 tags) are far below these.
+        // the codec's limits (256 characters, so at most 1 KiB, and 32
+        // tags) are far below these.
         assert!(name.len() <= u16::MAX as usize && n < u8::MAX);
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
         out.extend_from_slice(name.as_bytes());

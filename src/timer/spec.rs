@@ -94,12 +94,13 @@ struct RawTiming {
     interval: Option<serde_json::Value>,
     #[serde(rename = "repeat-for")]
     repeat_for: Option<serde_json::Value>,
-    #[serde(rename = "start-time-delta")]
+    #[serde(rename = "start-time-delta", default, deserialize_with = "opt_integer")]
     start_time_delta: Option<i64>,
-    #[serde(rename = "sequence-number")]
+    #[serde(rename = "sequence-number", default, deserialize_with = "opt_integer")]
     sequence_number: Option<u32>,
     /// This project's extension: the incarnation's version (wall-clock µs of
     /// the client operation that made it), identical on every replica.
+    #[serde(default, deserialize_with = "opt_integer")]
     version: Option<u64>,
 }
 
@@ -190,6 +191,49 @@ struct RawTag<'a> {
     count: Option<serde_json::Value>,
 }
 
+/// A JSON number without a fraction as an integer: JSON has one number
+/// type and JSON Schema's `integer` is any number without a fraction, so
+/// `53.0` is 53 (a client that writes every number as a float is
+/// understood). `None` for a fraction, or a float at or beyond ±2^53:
+/// there an f64 is no longer exact, and an integer too large for `u64` or
+/// `i64` (`-9223372036854775809`) reaches here as its rounded float.
+pub fn integral(n: &serde_json::Number) -> Option<i128> {
+    if let Some(u) = n.as_u64() {
+        return Some(u.into());
+    }
+    if let Some(i) = n.as_i64() {
+        return Some(i.into());
+    }
+    let f = n.as_f64()?;
+    let exact = 9_007_199_254_740_992.0; // 2^53
+    (f.fract() == 0.0 && f.abs() < exact).then_some(f as i128)
+}
+
+/// `integral` in `T`'s range, as a serde field (`deserialize_with`).
+pub fn integer<'de, D: Deserializer<'de>, T: TryFrom<i128>>(d: D) -> Result<T, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    integral(&n)
+        .and_then(|i| T::try_from(i).ok())
+        .ok_or_else(|| serde::de::Error::custom(format!("{n} is not an integer in range")))
+}
+
+/// [`integer`] for an optional field (absent or `null`: `None`).
+fn opt_integer<'de, D: Deserializer<'de>, T: TryFrom<i128>>(d: D) -> Result<Option<T>, D::Error> {
+    #[derive(Deserialize)]
+    struct Int<T: TryFrom<i128>>(#[serde(deserialize_with = "integer")] T);
+    Ok(Option::<Int<T>>::deserialize(d)?.map(|i| i.0))
+}
+
+/// A positive integer within `u64` (`integral`), from a JSON value.
+fn positive(v: &serde_json::Value) -> Option<u64> {
+    match v {
+        serde_json::Value::Number(n) => integral(n)
+            .and_then(|i| u64::try_from(i).ok())
+            .filter(|u| *u >= 1),
+        _ => None,
+    }
+}
+
 /// Seconds (integer or fractional) to whole milliseconds, never rounding a
 /// value down below what was asked.
 fn seconds_to_ms(field: &str, value: &serde_json::Value) -> Result<u32, String> {
@@ -218,6 +262,9 @@ fn seconds_to_ms(field: &str, value: &serde_json::Value) -> Result<u32, String> 
     } else {
         ms.ceil()
     };
+    // A positive interval far below a millisecond (5e-324) is 1 ms, not 0:
+    // 0 means "once, at once" and refuses a repeat-for.
+    let ms = if secs > 0.0 { ms.max(1.0) } else { ms };
     if ms > u32::MAX as f64 {
         return Err(format!(
             "{field} is too large (at most {} s)",
@@ -322,7 +369,10 @@ fn parse_replication<'a>(
         (None, Some(s)) if !s.is_empty() => &none,
         (None, _) => return Ok(None),
     };
-    if (replicas.is_empty() && sites.is_none()) || replicas.len() > REPLICAS_MAX {
+    // Only a non-empty `sites` makes a body without replicas a cross-site
+    // one (`"sites": []` beside `"replicas": []` used to pass as one).
+    let no_sites = sites.as_ref().is_none_or(|s| s.is_empty());
+    if (replicas.is_empty() && no_sites) || replicas.len() > REPLICAS_MAX {
         return Err(format!(
             "reliability.replicas must list 1 to {REPLICAS_MAX} nodes"
         ));
@@ -376,9 +426,9 @@ fn parse_factor(reliability: Option<&RawReliability>) -> Result<Option<u8>, Stri
     let Some(n) = reliability.and_then(|r| r.replication_factor.as_ref()) else {
         return Ok(None);
     };
-    match n.as_u64() {
-        Some(f) if f >= 1 => Ok(Some(f.min(super::NODES_MAX as u64) as u8)),
-        _ => Err("reliability.replication-factor must be a positive integer".into()),
+    match positive(n) {
+        Some(f) => Ok(Some(f.min(super::NODES_MAX as u64) as u8)),
+        None => Err("reliability.replication-factor must be a positive integer".into()),
     }
 }
 
@@ -392,13 +442,16 @@ fn parse_tags(stats: RawStatistics<'_>) -> Result<Vec<(Cow<'_, str>, u32)>, Stri
         let kind = tag
             .kind
             .ok_or("statistics.tag-info entry is missing its type")?;
-        if kind.is_empty() || kind.len() > 256 {
+        // Characters, as the reason says and JSON Schema's `maxLength`
+        // counts (at most 1 KiB of UTF-8); the length check first skips
+        // the count for what cannot fit.
+        if kind.is_empty() || kind.len() > 4 * 256 || kind.chars().count() > 256 {
             return Err("statistics.tag-info type must be 1 to 256 characters".into());
         }
         let count = match tag.count {
             None => 1,
-            Some(n) => match n.as_u64() {
-                Some(c) if c >= 1 && c <= u32::MAX as u64 => c as u32,
+            Some(n) => match positive(&n) {
+                Some(c) if c <= u32::MAX as u64 => c as u32,
                 _ => {
                     return Err(format!(
                         "statistics.tag-info count for {kind:?} must be a positive integer"
@@ -457,6 +510,8 @@ mod tests {
             ("0.0015", 2),
             ("2.999", 2999),
             ("0", 0),
+            ("5e-324", 1),
+            ("0.0000001", 1),
         ];
         for (text, ms) in table {
             let body = format!(
@@ -468,6 +523,31 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn integers_may_be_written_with_a_zero_fraction() {
+        let n = |t: &str| integral(&serde_json::from_str(t).unwrap());
+        assert_eq!(n("53"), Some(53));
+        assert_eq!(n("53.0"), Some(53));
+        assert_eq!(n("-2.0"), Some(-2));
+        assert_eq!(n("1e6"), Some(1_000_000));
+        assert_eq!(n("18446744073709551615"), Some(u64::MAX.into()));
+        assert_eq!(n("1.5"), None);
+        assert_eq!(n("1e300"), None);
+        assert_eq!(n("-9223372036854775809"), None);
+        assert_eq!(n("18446744073709551616"), None);
+        let body = r#"{"timing":{"interval":1,"start-time-delta":-250.0,"sequence-number":2e0,"version":7.0},
+            "callback":{"http":{"uri":"http://a/"}},"reliability":{"replicas":["a:1"]}}"#;
+        let r = parse_test(body.as_bytes()).unwrap().replication.unwrap();
+        assert_eq!(
+            (r.start_time_delta_ms, r.sequence_number, r.version_us),
+            (-250, 2, Some(7))
+        );
+        let big = body.replace("2e0", "4294967296");
+        assert!(parse_test(big.as_bytes())
+            .unwrap_err()
+            .contains("not an integer in range"));
     }
 
     #[test]

@@ -265,6 +265,12 @@ impl Response {
 
 /// Read one response from a buffered stream.
 pub fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
+    read_response_to(reader, "GET")
+}
+
+/// Read one response to a `method` request: an answer to `HEAD` has no
+/// body, whatever its `Content-Length` says.
+pub fn read_response_to(reader: &mut impl BufRead, method: &str) -> std::io::Result<Response> {
     let mut line = String::new();
     if reader.read_line(&mut line)? == 0 {
         return Err(std::io::Error::new(
@@ -292,6 +298,7 @@ pub fn read_response(reader: &mut impl BufRead) -> std::io::Result<Response> {
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
         .map(|(_, v)| v.parse().unwrap())
+        .filter(|_| method != "HEAD")
         .unwrap_or(0);
     let mut body = vec![0; len];
     reader.read_exact(&mut body)?;
@@ -322,7 +329,7 @@ pub fn try_request(
     let mut bytes = req.into_bytes();
     bytes.extend_from_slice(body);
     s.write_all(&bytes)?;
-    read_response(&mut BufReader::new(s))
+    read_response_to(&mut BufReader::new(s), method)
 }
 
 pub fn request(
