@@ -25,7 +25,9 @@ use crate::http::server::Handler;
 use crate::http::{uri, write_response, Method, Request};
 use crate::runtime::loglimit::{log_due, LogLimit};
 use crate::shard::{OpError, Shard};
+use crate::stats::{REQUEST_BOUNDS_US, ROUTES};
 use crate::timer::{spec, TimerId};
+use std::cell::Cell;
 use std::future::Future;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -69,8 +71,53 @@ impl Handler for Api {
     }
 }
 
-/// Answer one request into `out`; returns the status written.
+/// Answer one request into `out`; returns the status written. Timed from
+/// here (the request parsed) until its answer is in `out`, per route
+/// (`chronos_http_request_duration_seconds`).
 pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+    let started = Instant::now();
+    let route = Cell::new(route_of(req));
+    let status = answer(api, req, out, close, &route).await;
+    api.shard.my_stats().request_duration[route.get()]
+        .record_duration(&REQUEST_BOUNDS_US, started.elapsed());
+    status
+}
+
+/// A request's `route` label ([`ROUTES`]) by method and path; a `PUT` to a
+/// timer is `timers_put` until its body shows it is a replication
+/// (`timer` then says which).
+fn route_of(req: &Request<'_>) -> usize {
+    let name = match (req.method, req.path) {
+        (Method::Post, "/timers") => "timers_post",
+        (Method::Get, "/timers") => "resync_get",
+        (Method::Delete, "/timers/references") => "references_delete",
+        (Method::Get, "/cluster") => "cluster",
+        (Method::Post, "/resync") => "resync_post",
+        (Method::Get | Method::Head, "/ping") => "ping",
+        (Method::Get | Method::Head, "/ready") => "ready",
+        (Method::Get, "/metrics") => "metrics",
+        (Method::Get, "/openapi.json") => "openapi",
+        (Method::Put, path) if path.starts_with("/timers/") => "timers_put",
+        (Method::Delete, path) if path.starts_with("/timers/") => "timers_delete",
+        _ => "other",
+    };
+    route_index(name)
+}
+
+/// The index of `name` in [`ROUTES`].
+fn route_index(name: &str) -> usize {
+    let i = ROUTES.iter().position(|r| *r == name);
+    i.expect("a route of stats::ROUTES")
+}
+
+/// What `handle` answers, by path (`route` may be refined on the way).
+async fn answer(
+    api: &Api,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    close: bool,
+    route: &Cell<usize>,
+) -> u16 {
     let shard = &*api.shard;
     match req.path {
         "/timers" => timers(api, req, out, close).await,
@@ -120,7 +167,7 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             _ => not_allowed(out, "GET", close),
         },
         path => match path.strip_prefix("/timers/") {
-            Some(id_text) => timer(api, id_text, req, out, close).await,
+            Some(id_text) => timer(api, id_text, req, out, close, route).await,
             None => error(out, 404, "not found", close),
         },
     }
@@ -239,8 +286,16 @@ async fn create_durable(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<TimerI
 }
 
 /// `/timers/<id>`: `PUT` (a client's, or a replication body naming
-/// `replicas`) and `DELETE`.
-async fn timer(api: &Api, id_text: &str, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+/// `replicas`) and `DELETE`. `route`: set to the replication routes for
+/// replication bodies.
+async fn timer(
+    api: &Api,
+    id_text: &str,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    close: bool,
+    route: &Cell<usize>,
+) -> u16 {
     let shard = &*api.shard;
     if let (Method::Put | Method::Delete, Err(e)) = (req.method, shard.storage_admits()) {
         return error(out, e.status, &e.reason, close);
@@ -263,10 +318,12 @@ async fn timer(api: &Api, id_text: &str, req: &Request<'_>, out: &mut Vec<u8>, c
                     .as_ref()
                     .is_some_and(|r| r.replicas.is_empty()) =>
             {
+                route.set(route_index("site_replicate"));
                 let result = shard.site_update(id, s).await;
                 timer_result(out, result, close)
             }
             Ok(s) if s.replication.is_some() => {
+                route.set(route_index("replicate"));
                 let result = shard.replica_update(id, s).await;
                 timer_result(out, result, close)
             }

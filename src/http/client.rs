@@ -151,11 +151,17 @@ pub struct CallbackKey {
     pub unique: u64,
     pub version: u64,
     pub sequence: u32,
+    /// When the pop was due (engine ms), for [`Sent`].
+    pub due_ms: u64,
 }
 
 /// Whether a queued callback should still be sent (set by the layer that
 /// owns the timers; without one, every callback is).
 pub type Wanted = Box<dyn Fn(&CallbackKey) -> bool>;
+
+/// Told, for each callback, when its request's first byte was handed to
+/// the socket (the pop lateness metric). It must not call the client.
+pub type Sent = Box<dyn Fn(&CallbackKey, Instant)>;
 
 /// A request queued for its target's lanes. Kept for reuse once its
 /// caller is done with it ([`Client::give_job`]).
@@ -351,6 +357,8 @@ pub struct Client {
     spare_batches: RefCell<Vec<LaneVecs>>,
     /// Asked by lanes before a callback is sent.
     wanted: RefCell<Option<Wanted>>,
+    /// Told by lanes when a batch of callbacks went on the wire.
+    sent: RefCell<Option<Sent>>,
     /// `[timers] callback-allow`: checked on the address a callback is
     /// about to use (`None`: every address).
     guard: RefCell<Option<Arc<Guard>>>,
@@ -380,10 +388,16 @@ impl Client {
             spare_batches: RefCell::new(Vec::new()),
             spare_batch_buffers: RefCell::new(Vec::new()),
             wanted: RefCell::new(None),
+            sent: RefCell::new(None),
             tls: None,
             peer_tls: None,
             guard: RefCell::new(None),
         }
+    }
+
+    /// Set what lanes tell when callbacks go on the wire.
+    pub fn set_sent(&self, sent: Sent) {
+        *self.sent.borrow_mut() = Some(sent);
     }
 
     /// Reach `https://` targets with `tls` (without it they fail, saying so).
@@ -615,9 +629,22 @@ impl Client {
             bytes.extend_from_slice(&job.request.borrow());
         }
         let sent_at = Instant::now();
+        let on_wire = Cell::new(None);
         let result = self
-            .pipeline_on(key, &bytes, batch.len(), self.timeout, &mut statuses)
+            .pipeline_on(
+                key,
+                &bytes,
+                batch.len(),
+                self.timeout,
+                &mut statuses,
+                &on_wire,
+            )
             .await;
+        if let (Some(at), Some(sent)) = (on_wire.get(), &*self.sent.borrow()) {
+            for callback in batch.iter().filter_map(|job| job.key.as_ref()) {
+                sent(callback, at);
+            }
+        }
         pool.failed_at.set(result.is_err().then(Instant::now));
         self.adapt_batch(pool, batch.len(), sent_at.elapsed(), result.is_ok());
         for (i, job) in batch.drain(..).enumerate() {
@@ -754,11 +781,14 @@ impl Client {
         statuses: &mut Vec<u16>,
     ) -> Result<(), String> {
         let key = self.peer_key(addr);
-        self.pipeline_on(&key, requests, count, timeout, statuses)
+        let on_wire = Cell::new(None);
+        self.pipeline_on(&key, requests, count, timeout, statuses, &on_wire)
             .await
     }
 
-    /// [`Client::pipeline`] to `key`'s pool.
+    /// [`Client::pipeline`] to `key`'s pool; `on_wire` gets when the
+    /// batch's first byte was handed to the connection (a callback lane's
+    /// pop lateness).
     async fn pipeline_on(
         &self,
         key: &PoolKey,
@@ -766,6 +796,7 @@ impl Client {
         count: usize,
         timeout: Duration,
         statuses: &mut Vec<u16>,
+        on_wire: &Cell<Option<Instant>>,
     ) -> Result<(), String> {
         assert!(count > 0 && !requests.is_empty(), "a batch has requests");
         statuses.clear();
@@ -775,6 +806,9 @@ impl Client {
         let work = async {
             for attempt in 0..2 {
                 let (mut stream, reused) = self.take_connection(&pool, key, deadline).await?;
+                if on_wire.get().is_none() {
+                    on_wire.set(Some(Instant::now()));
+                }
                 match exchange_batch(&mut stream, requests, count, statuses, &mut received).await {
                     Ok(keep) => {
                         if keep {

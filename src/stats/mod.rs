@@ -75,6 +75,85 @@ pub const STAGE_PUBLISH_ACK: usize = 6;
 pub const STAGE_DELETE: usize = 7;
 pub const STAGE_BROKER: usize = 8;
 
+/// Bucket bounds a [`Histogram`] may have; one bucket more counts what is
+/// above the last bound.
+pub const HIST_BOUNDS_MAX: usize = 15;
+
+/// `chronos_pop_lateness_seconds` bounds (µs): a healthy pop goes out
+/// within a millisecond of its due time (the wheel's resolution), a busy
+/// one within tens of ms; seconds mean pops wait for callback slots or
+/// connections, or the shard stalled. Sub-ms to 10 s.
+pub const POP_LATENESS_BOUNDS_US: [u64; 15] = [
+    250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+    2_500_000, 5_000_000, 10_000_000,
+];
+
+/// `chronos_http_request_duration_seconds` bounds (µs): a `/ping` or an
+/// in-memory `POST` takes tens of µs; a durable one (`sync = "batch"`)
+/// an fdatasync, ms; a resync page or `/metrics` with many tags, more.
+pub const REQUEST_BOUNDS_US: [u64; 15] = [
+    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    1_000_000, 5_000_000,
+];
+
+/// `chronos_replication_lag_seconds` bounds (µs): queued (engine ms, so
+/// 1 ms is the finest bound worth having) until the peer's 2xx; a LAN
+/// round trip is about a ms, a retried message seconds, up to
+/// `replication-deliver-within-ms` (30 s) and a site's 300 s.
+pub const REPLICATION_LAG_BOUNDS_US: [u64; 15] = [
+    1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000, 30_000_000, 60_000_000,
+];
+
+/// The `route` label of `chronos_http_request_duration_seconds`: a fixed
+/// set (the API's routes by method; everything else, 404s and 405s
+/// included, is `other`), so the series stay bounded.
+pub const ROUTES: [&str; 14] = [
+    "timers_post",
+    "timers_put",
+    "timers_delete",
+    "resync_get",
+    "references_delete",
+    "replicate",
+    "site_replicate",
+    "ping",
+    "ready",
+    "metrics",
+    "cluster",
+    "resync_post",
+    "openapi",
+    "other",
+];
+
+/// The `path` label of `chronos_replication_lag_seconds`: to a peer of
+/// this site, or to another site (GR).
+pub const LAG_PATHS: [&str; 2] = ["cluster", "site"];
+
+/// A histogram of durations (relaxed atomics, one per shard), with bounds
+/// chosen per metric and passed at each record: no lock, no allocation.
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; HIST_BOUNDS_MAX + 1],
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// One observation of `us` µs; `bounds` ascending, at most
+    /// [`HIST_BOUNDS_MAX`] (the same every time for one histogram).
+    pub fn record(&self, bounds: &[u64], us: u64) {
+        debug_assert!(bounds.len() <= HIST_BOUNDS_MAX && bounds.is_sorted());
+        // Prometheus' `le`: a bucket counts what is at most its bound.
+        let i = bounds.partition_point(|b| *b < us);
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// One observation of `took`.
+    pub fn record_duration(&self, bounds: &[u64], took: std::time::Duration) {
+        self.record(bounds, took.as_micros().min(u64::MAX as u128) as u64);
+    }
+}
+
 macro_rules! counters {
     ($($name:ident: $help:literal,)*) => {
         /// One shard's counters.
@@ -139,6 +218,14 @@ macro_rules! counters {
             pub storage_snapshot_sum_us: AtomicU64,
             /// `[storage]`: the shard is replaying its log (not ready).
             pub recovering: std::sync::atomic::AtomicBool,
+            /// A pop's due time until its callback's first byte was
+            /// handed to the socket ([`POP_LATENESS_BOUNDS_US`]).
+            pub pop_lateness: Histogram,
+            /// A request parsed until its answer was queued, by [`ROUTES`].
+            pub request_duration: [Histogram; ROUTES.len()],
+            /// A replication message queued until its peer's 2xx, by
+            /// [`LAG_PATHS`].
+            pub replication_lag: [Histogram; LAG_PATHS.len()],
         }
 
         const COUNTER_HELP: &[(&str, &str)] = &[$((stringify!($name), $help),)*];
@@ -387,6 +474,7 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
     );
     queue_stages(out, shards);
     storage_metrics(out, shards);
+    operator_metrics(out, shards);
     let _ = writeln!(out, "# HELP chronos_tag_count Live timers per statistics tag, times the tag's count.\n# TYPE chronos_tag_count gauge");
     for (tag, value) in tags {
         let escaped = tag
@@ -395,6 +483,73 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
             .replace('\n', "\\n");
         let _ = writeln!(out, "chronos_tag_count{{tag=\"{escaped}\"}} {value}");
     }
+}
+
+/// The histograms an operator watches first, and what is running.
+fn operator_metrics(out: &mut String, shards: &[ShardStats]) {
+    let name = "chronos_pop_lateness_seconds";
+    let _ = writeln!(out, "# HELP {name} Per shard: a pop's due time until the first byte of its callback request was handed to the socket (pops that waited for a connection or a slot included).\n# TYPE {name} histogram");
+    for (i, s) in shards.iter().enumerate() {
+        let label = format!("shard=\"{i}\"");
+        series(
+            out,
+            name,
+            &label,
+            &POP_LATENESS_BOUNDS_US,
+            [&s.pop_lateness],
+        );
+    }
+    let name = "chronos_http_request_duration_seconds";
+    let _ = writeln!(out, "# HELP {name} A request parsed until its answer was queued for the connection, by route.\n# TYPE {name} histogram");
+    for (k, route) in ROUTES.iter().enumerate() {
+        let label = format!("route=\"{route}\"");
+        let each = shards.iter().map(|s| &s.request_duration[k]);
+        series(out, name, &label, &REQUEST_BOUNDS_US, each);
+    }
+    let name = "chronos_replication_lag_seconds";
+    let _ = writeln!(out, "# HELP {name} A replication message queued until its peer answered 2xx (retries included), to a peer of this site (path=cluster) or another site (path=site).\n# TYPE {name} histogram");
+    for (k, path) in LAG_PATHS.iter().enumerate() {
+        let label = format!("path=\"{path}\"");
+        let each = shards.iter().map(|s| &s.replication_lag[k]);
+        series(out, name, &label, &REPLICATION_LAG_BOUNDS_US, each);
+    }
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    let _ = writeln!(out, "# HELP chronos_build_info The running build: its version, and whether it is a debug or release build.\n# TYPE chronos_build_info gauge\nchronos_build_info{{version=\"{}\",profile=\"{profile}\"}} 1", env!("CARGO_PKG_VERSION"));
+}
+
+/// One labelled histogram series: `hists` summed, buckets cumulative.
+fn series<'a>(
+    out: &mut String,
+    name: &str,
+    label: &str,
+    bounds: &[u64],
+    hists: impl IntoIterator<Item = &'a Histogram>,
+) {
+    let mut counts = [0u64; HIST_BOUNDS_MAX + 1];
+    let mut sum_us = 0u64;
+    for h in hists {
+        for (c, a) in counts.iter_mut().zip(&h.counts) {
+            *c += a.load(Relaxed);
+        }
+        sum_us += h.sum_us.load(Relaxed);
+    }
+    let mut cumulative = 0u64;
+    for (i, c) in counts.iter().enumerate().take(bounds.len() + 1) {
+        cumulative += c;
+        let le = bounds
+            .get(i)
+            .map_or("+Inf".to_string(), |b| (*b as f64 / 1e6).to_string());
+        let _ = writeln!(out, "{name}_bucket{{{label},le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(
+        out,
+        "{name}_sum{{{label}}} {}\n{name}_count{{{label}}} {cumulative}",
+        sum_us as f64 / 1e6
+    );
 }
 
 /// `[storage]` gauges and the sync histogram.
