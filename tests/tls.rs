@@ -543,3 +543,172 @@ fn an_https_target_with_a_certificate_from_another_ca_fails_its_callbacks_with_t
     });
     assert!(wrong.pops.lock().unwrap().is_empty());
 }
+
+/// Start a node on `ip:port` with `config`, waiting for `/ping` over TLS.
+fn start_tls_at(
+    client: &Arc<ClientConfig>,
+    ip: &str,
+    port: u16,
+    config: &str,
+    env: &[(&str, &str)],
+) -> Node {
+    let mut node = Node::spawn_in(None, ip, port, config, env);
+    let addr = node.addr;
+    wait_until("/ping over TLS", Duration::from_secs(20), || {
+        if let Ok(Some(status)) = node.child.try_wait() {
+            panic!(
+                "chronos exited ({status}) at start; log:\n{}",
+                node.log_text()
+            );
+        }
+        match tls_try(addr, client, "GET", "/ping", "") {
+            Ok((r, _)) if r.status == 200 => Ok(()),
+            Ok((r, _)) => Err(format!("{}", r.status)),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    node
+}
+
+/// Node `i` of an `n`-node TLS cluster on 127.0.0.1..=n: its certificate
+/// (IP SAN) from `own`, peers verified against `trusted`'s CA; `mutual`:
+/// it presents its certificate to its peers too.
+fn tls_node_config(
+    own: &Pki,
+    trusted: &Pki,
+    n: usize,
+    i: usize,
+    port: u16,
+    mutual: bool,
+) -> String {
+    let ip = format!("127.0.0.{i}");
+    let (cert, key, _) = own.issue(&format!("node{i}"), &[&ip]);
+    let ca = trusted.ca_path();
+    let client = match mutual {
+        true => format!("tls-client-certificate = {cert:?}\ntls-client-private-key = {key:?}\n"),
+        false => String::new(),
+    };
+    let extra = format!(
+        "tls = true\ntls-ca-file = {ca:?}\n{client}[http]\ntls-certificate = {cert:?}\ntls-private-key = {key:?}\n"
+    );
+    cluster_config(n, i, port, 1, &extra)
+}
+
+fn cluster_body(interval: &str, uri: &str, factor: u32) -> String {
+    format!(
+        r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"{uri}","opaque":"x"}}}},"reliability":{{"replication-factor":{factor}}}}}"#
+    )
+}
+
+#[test]
+fn a_mutual_tls_cluster_replicates_and_a_replica_pops_after_the_first_node_is_killed() {
+    let pki = Pki::new("cluster");
+    let client = pki.client();
+    let port = cluster_port(3);
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|i| {
+            let config = tls_node_config(&pki, &pki, 3, i, port, true);
+            start_tls_at(&client, &format!("127.0.0.{i}"), port, &config, &[])
+        })
+        .collect();
+    let sink = Sink::start(Behaviour::Ok);
+    let n = 20;
+    for i in 0..n {
+        let body = cluster_body("3", &sink.uri(&format!("/k/{i}")), 2);
+        let r = tls_request(nodes[0].addr, &client, "POST", "/timers", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let first = nodes[0].addr;
+    wait_until(
+        "replication settled over TLS",
+        Duration::from_secs(10),
+        || {
+            let queued = metric(first, &client, "chronos_replication_enqueued_total");
+            let sent = metric(first, &client, "chronos_replication_sent_total");
+            let failed = metric(first, &client, "chronos_replication_failed_total");
+            assert_eq!(failed, 0.0, "{}", nodes[0].log_text());
+            if queued >= n as f64 && sent >= queued {
+                Ok(())
+            } else {
+                Err(format!("{sent} of {queued}"))
+            }
+        },
+    );
+    // A client without a certificate is refused the internal routes.
+    let forged = tls_request(
+        nodes[1].addr,
+        &client,
+        "GET",
+        "/timers?node-for-replicas=127.0.0.9:1",
+        "",
+    );
+    assert_eq!(forged.status, 403, "{}", forged.text());
+    nodes[0].kill9();
+    let pops = sink.wait_for(n, Duration::from_secs(3 + 2 + 6));
+    let mut paths: Vec<String> = pops.iter().map(|p| p.path.clone()).collect();
+    paths.sort();
+    paths.dedup();
+    assert_eq!(paths.len(), n, "every timer pops from a replica: {paths:?}");
+}
+
+#[test]
+fn a_peer_with_a_certificate_from_another_ca_gets_no_replication() {
+    let good = Pki::new("peer-good");
+    let bad = Pki::new("peer-bad");
+    let port = cluster_port(2);
+    let env = [("RUST_LOG", "info,chronos::replication=debug")];
+    let first = tls_node_config(&good, &good, 2, 1, port, false);
+    let second = tls_node_config(&bad, &good, 2, 2, port, false);
+    let n1 = start_tls_at(&good.client(), "127.0.0.1", port, &first, &env);
+    let n2 = start_tls_at(&bad.client(), "127.0.0.2", port, &second, &env);
+    let sink = Sink::start(Behaviour::Ok);
+    for i in 0..5 {
+        let body = cluster_body("30", &sink.uri(&format!("/p/{i}")), 2);
+        let r = tls_request(n1.addr, &good.client(), "POST", "/timers", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    wait_until("the refusal logged", Duration::from_secs(15), || {
+        let log = n1.log_text();
+        if log.contains("TLS handshake with 127.0.0.2") && log.contains("UnknownIssuer") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    let (queued, sent) = (
+        metric(
+            n1.addr,
+            &good.client(),
+            "chronos_replication_enqueued_total",
+        ),
+        metric(n1.addr, &good.client(), "chronos_replication_sent_total"),
+    );
+    assert!(queued >= 5.0 && sent == 0.0, "queued {queued}, sent {sent}");
+    assert!(metric(n1.addr, &good.client(), "chronos_replication_retried_total") >= 1.0);
+    assert_eq!(
+        metric(n2.addr, &bad.client(), "chronos_replication_received_total"),
+        0.0
+    );
+}
+
+#[test]
+fn cluster_tls_without_a_listener_certificate_is_refused_at_start() {
+    let pki = Pki::new("half");
+    let ca = pki.ca_path();
+    let mut node = Node::spawn_in(
+        None,
+        "127.0.0.1",
+        free_port(),
+        &format!("[cluster]\ntls = true\ntls-ca-file = {ca:?}\n"),
+        &[],
+    );
+    let status = node
+        .wait_exit(Duration::from_secs(20))
+        .expect("the start fails");
+    let log = node.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("[cluster] tls = true needs [http] tls-certificate"),
+        "{log}"
+    );
+}

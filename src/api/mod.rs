@@ -132,7 +132,7 @@ async fn answer(
             Method::Post => resync(shard, req, out, close).await,
             _ => not_allowed(out, "POST", close),
         },
-        "/timers/references" if !authorized(shard, req) => {
+        "/timers/references" if !internal_authorized(shard, req) => {
             forbidden(api, req, Refused::Internal, out, close)
         }
         "/timers/references" => match req.method {
@@ -239,7 +239,7 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
             }
             Err(reason) => error(out, 400, &reason, close),
         },
-        Method::Get if !authorized(shard, req) => {
+        Method::Get if !internal_authorized(shard, req) => {
             forbidden(api, req, Refused::Internal, out, close)
         }
         Method::Get => match shard.resync_query(req.query, req.range) {
@@ -310,7 +310,7 @@ async fn timer(
     };
     match req.method {
         Method::Put => match spec::parse(req.body, uri::check) {
-            Ok(s) if s.replication.is_some() && !authorized(shard, req) => {
+            Ok(s) if s.replication.is_some() && !internal_authorized(shard, req) => {
                 forbidden(api, req, Refused::Internal, out, close)
             }
             Ok(s)
@@ -355,7 +355,7 @@ async fn timer(
 
 /// Why an internal request got `403`.
 const INTERNAL_REFUSED: &str =
-    "internal API: missing or wrong shared secret (Authorization: Bearer <[cluster] shared-secret>)";
+    "internal API: missing or wrong shared secret (Authorization: Bearer <[cluster] shared-secret>), or, with mutual TLS, no client certificate signed by [cluster] tls-ca-file";
 
 /// Why an admin request got `403`.
 const ADMIN_REFUSED: &str = "admin API (/cluster, /resync, /metrics): missing or wrong shared secret (Authorization: Bearer <[cluster] shared-secret>)";
@@ -368,6 +368,17 @@ fn authorized(shard: &Shard, req: &Request<'_>) -> bool {
         None => true,
         Some(secret) => secret.admits(req.authorization),
     }
+}
+
+/// Whether an internal request (replication, cross-site, resync) may
+/// proceed: [`authorized`], and with mutual TLS (`[cluster] tls` and
+/// `tls-client-certificate`, so every peer presents one) only over a
+/// connection whose client certificate the listener verified against
+/// `[cluster] tls-ca-file`.
+fn internal_authorized(shard: &Shard, req: &Request<'_>) -> bool {
+    let c = &shard.resolved.config.cluster;
+    let mutual = c.tls && c.tls_client_certificate.is_some();
+    authorized(shard, req) && (!mutual || req.peer_certified)
 }
 
 /// `503` for a client request the token bucket refused.

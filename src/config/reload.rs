@@ -55,6 +55,7 @@ impl Config {
         // files in place (`ListenerTls::reload`), it is not rebuilt here.
         resolved.tls = running.tls.clone();
         resolved.callback_tls = running.callback_tls.clone();
+        resolved.peer_tls = running.peer_tls.clone();
         let (not_applied, refused_at_start) =
             match Config::deserialize(toml::Value::Table(table.clone())) {
                 Ok(file) => (

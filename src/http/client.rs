@@ -83,12 +83,9 @@ impl Stream {
 struct PoolKey {
     addr: SocketAddr,
     tls: Option<Box<str>>,
-}
-
-impl PoolKey {
-    fn plain(addr: SocketAddr) -> PoolKey {
-        PoolKey { addr, tls: None }
-    }
+    /// A peer (replication, resync, another site): TLS with the cluster's
+    /// configuration, not the callbacks'.
+    peer: bool,
 }
 
 struct HostPool {
@@ -346,6 +343,9 @@ pub struct Client {
     /// For `https://` targets: the shard's own rustls configuration, so
     /// its session store (resumption) is the shard's alone.
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// `[cluster] tls`: peers are reached over TLS with this (the
+    /// cluster's CA, and this node's client certificate when set).
+    peer_tls: Option<Arc<rustls::ClientConfig>>,
     /// Host name → the port it was resolved with, its address, when.
     names: RefCell<HashMap<String, (u16, SocketAddr, Instant)>>,
     spare: RefCell<Vec<Vec<u8>>>,
@@ -390,6 +390,7 @@ impl Client {
             wanted: RefCell::new(None),
             sent: RefCell::new(None),
             tls: None,
+            peer_tls: None,
             guard: RefCell::new(None),
         }
     }
@@ -402,6 +403,13 @@ impl Client {
     /// Reach `https://` targets with `tls` (without it they fail, saying so).
     pub fn with_tls(mut self, tls: Option<Arc<rustls::ClientConfig>>) -> Client {
         self.tls = tls;
+        self
+    }
+
+    /// Reach peers (`pipeline`, `request`) over TLS with `tls`, each
+    /// verified for its address (an IP SAN).
+    pub fn with_peer_tls(mut self, tls: Option<Arc<rustls::ClientConfig>>) -> Client {
+        self.peer_tls = tls;
         self
     }
 
@@ -697,7 +705,7 @@ impl Client {
         let request = Request {
             host,
             port,
-            tls: false,
+            tls: self.peer_tls.is_some(),
             authority,
             method,
             path,
@@ -719,7 +727,10 @@ impl Client {
     ) -> Result<Response, RequestError> {
         let unsent = RequestError::unsent;
         let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
-        let key = pool_key(addr, r);
+        let key = PoolKey {
+            peer: true,
+            ..pool_key(addr, r)
+        };
         let pool = self.pool(&key);
         let _permit = self.permit(&pool, addr, wait).await.map_err(unsent)?;
         // The timeout of the request itself starts when it is sent (seed
@@ -769,7 +780,7 @@ impl Client {
         timeout: Duration,
         statuses: &mut Vec<u16>,
     ) -> Result<(), String> {
-        let key = PoolKey::plain(addr);
+        let key = self.peer_key(addr);
         let on_wire = Cell::new(None);
         self.pipeline_on(&key, requests, count, timeout, statuses, &on_wire)
             .await
@@ -909,12 +920,29 @@ impl Client {
         let Some(host) = &key.tls else {
             return Ok(Stream::Plain(stream));
         };
-        let config = self.tls.as_ref().ok_or("https:// is not available here")?;
+        let config = match key.peer {
+            true => self.peer_tls.as_ref(),
+            false => self.tls.as_ref(),
+        };
+        let config = config.ok_or("https:// is not available here")?;
         let name = server_name(host)?;
         let tls = TlsConn::connect(GlommioConn(stream), config, name)
             .await
             .map_err(|e| format!("TLS handshake with {host} ({addr}): {e}"))?;
         Ok(Stream::Tls(Box::new(tls)))
+    }
+
+    /// The pool key of peer `addr`: TLS (its IP as the server name) with
+    /// `[cluster] tls`.
+    fn peer_key(&self, addr: SocketAddr) -> PoolKey {
+        PoolKey {
+            addr,
+            tls: self
+                .peer_tls
+                .is_some()
+                .then(|| addr.ip().to_string().into()),
+            peer: true,
+        }
     }
 
     fn pool(&self, key: &PoolKey) -> Rc<HostPool> {
@@ -1006,6 +1034,7 @@ fn pool_key(addr: SocketAddr, r: &Request<'_>) -> PoolKey {
     PoolKey {
         addr,
         tls: r.tls.then(|| r.host.into()),
+        peer: false,
     }
 }
 

@@ -115,6 +115,10 @@ pub trait Conn {
     /// A write failed or timed out: reset the connection when it closes
     /// rather than leave the kernel sending to a peer that does not read.
     fn reset_on_close(&self);
+    /// The peer presented a client certificate the listener verified.
+    fn peer_certified(&self) -> bool {
+        false
+    }
 }
 
 impl Conn for RingConn {
@@ -362,6 +366,8 @@ struct Input {
     /// The connection's peer address (handed to the handler with each
     /// request).
     peer: Option<IpAddr>,
+    /// The peer's TLS client certificate was verified.
+    certified: bool,
     buf: Vec<u8>,
     start: usize,
     end: usize,
@@ -464,6 +470,7 @@ impl<H: Handler> Server<H> {
         let l = &self.limits;
         let mut input = Input {
             peer: stream.peer_ip(),
+            certified: stream.peer_certified(),
             buf: vec![0u8; READ_CHUNK],
             start: 0,
             end: 0,
@@ -584,6 +591,7 @@ impl<H: Handler> Server<H> {
             match parse_request(buf, l.header_bytes_max, l.body_bytes_max) {
                 Parsed::Complete(mut req, used) => {
                     req.peer = input.peer;
+                    req.peer_certified = input.certified;
                     let close_after = !req.keep_alive || self.gate.is_closing();
                     self.busy.set(self.busy.get() + 1);
                     let at = out.len();

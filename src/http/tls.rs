@@ -17,6 +17,7 @@
 
 use crate::http::server::Conn;
 use rustls::client::ClientConnection;
+use rustls::server::WebPkiClientVerifier;
 use rustls::server::{ClientHello, ResolvesServerCert, ServerConfig, ServerConnection};
 use rustls::sign::CertifiedKey;
 use rustls::RootCertStore;
@@ -116,20 +117,33 @@ impl std::fmt::Debug for ListenerTls {
 
 impl ListenerTls {
     /// Read the certificate chain and key: `(key, path)` each, the keys
-    /// named in errors.
+    /// named in errors. `client_roots`: ask clients for a certificate and
+    /// verify one presented against these (one not presented is let in:
+    /// the routes decide, see `Conn::peer_certified`).
     pub fn load(
         certificate: (&str, &str),
         private_key: (&str, &str),
+        client_roots: Option<RootCertStore>,
     ) -> Result<ListenerTls, String> {
         let key = certified_key(certificate, private_key)?;
         let slot = Arc::new(CertSlot {
             current: RwLock::new(Arc::new(key)),
         });
-        let mut config = ServerConfig::builder_with_provider(provider())
+        let config = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?
-            .with_no_client_auth()
-            .with_cert_resolver(slot.clone());
+            .map_err(|e| format!("TLS: {e}"))?;
+        let config = match client_roots {
+            None => config.with_no_client_auth(),
+            Some(roots) => {
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                        .allow_unauthenticated()
+                        .build()
+                        .map_err(|e| format!("TLS client verification: {e}"))?;
+                config.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = config.with_cert_resolver(slot.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let owned = |(k, p): (&str, &str)| (k.to_string(), p.to_string());
         Ok(ListenerTls {
@@ -298,6 +312,11 @@ impl<C: Conn> Conn for TlsConn<C> {
     }
     fn reset_on_close(&self) {
         self.inner.reset_on_close();
+    }
+    fn peer_certified(&self) -> bool {
+        // Only a listener with a client verifier asks for (and verifies)
+        // certificates; one that passed the handshake was verified.
+        self.tls.peer_certificates().is_some_and(|c| !c.is_empty())
     }
 }
 

@@ -115,7 +115,8 @@ impl Shard {
                 connect_timeout: Duration::from_millis(timers.callback_connect_timeout_ms),
                 per_host_max: timers.callback_connections_per_host_max,
             })
-            .with_tls(resolved.callback_tls.as_ref().map(tls::for_shard)),
+            .with_tls(resolved.callback_tls.as_ref().map(tls::for_shard))
+            .with_peer_tls(resolved.peer_tls.as_ref().map(tls::for_shard)),
         );
         let c = &resolved.config.cluster;
         let replicator = Replicator::new(
