@@ -22,6 +22,7 @@
 use crate::cluster::sites::Sites;
 use crate::cluster::Cluster;
 use crate::http::guard::Guard;
+use crate::http::tls::{self, ListenerTls};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -68,6 +69,11 @@ pub struct HttpConfig {
     pub net_ring: bool,
     /// Which shard's listener takes a new connection (`SO_REUSEPORT`).
     pub accept_steering: AcceptSteering,
+    /// PEM certificate chain (leaf first): the listener speaks TLS only.
+    /// With `tls-private-key`; both or neither. Re-read on SIGHUP.
+    pub tls_certificate: Option<String>,
+    /// PEM private key of `tls-certificate`.
+    pub tls_private_key: Option<String>,
 }
 
 /// How the kernel picks a shard's listener for a new connection.
@@ -107,6 +113,8 @@ impl Default for HttpConfig {
             write_timeout_ms: 30_000,
             net_ring: true,
             accept_steering: AcceptSteering::Cpu,
+            tls_certificate: None,
+            tls_private_key: None,
         }
     }
 }
@@ -156,6 +164,17 @@ pub struct ClusterConfig {
     /// gets `403`. Never logged (nor serialized: a reload compares it).
     #[serde(skip_serializing)]
     pub shared_secret: Option<Secret>,
+    /// Speak TLS to the peers and sites (replication, resync,
+    /// cross-site), verifying them against `tls-ca-file` for their
+    /// configured address (IP SANs). Needs `[http] tls-certificate`.
+    pub tls: bool,
+    /// PEM CA certificates that sign the peers' (and sites') certificates.
+    pub tls_ca_file: Option<String>,
+    /// PEM certificate chain this node presents to its peers (mutual TLS);
+    /// with it, internal routes need a verified client certificate.
+    pub tls_client_certificate: Option<String>,
+    /// PEM private key of `tls-client-certificate`.
+    pub tls_client_private_key: Option<String>,
 }
 
 /// A secret that never shows in `Debug` output (logs).
@@ -211,6 +230,10 @@ impl Default for ClusterConfig {
             resync_peer_retry_ms: 30_000,
             resync_at_start: true,
             shared_secret: None,
+            tls: false,
+            tls_ca_file: None,
+            tls_client_certificate: None,
+            tls_client_private_key: None,
         }
     }
 }
@@ -259,6 +282,9 @@ pub struct TimersConfig {
     pub default_replication_factor: u8,
     /// Pending timers per shard; beyond it creation gets `503`.
     pub timers_per_shard_max: usize,
+    /// PEM CA certificates that `https://` callback targets are verified
+    /// against (instead of the system's store).
+    pub callback_ca_file: Option<String>,
     /// Which hosts callbacks may reach (`http::guard`): CIDRs and host
     /// suffixes, `!` to deny, the first match deciding. `None`: every
     /// host, and no resolution at create time. Reloaded by SIGHUP.
@@ -277,6 +303,7 @@ impl Default for TimersConfig {
             replica_skew_ms: 2000,
             default_replication_factor: 2,
             timers_per_shard_max: 8_000_000,
+            callback_ca_file: None,
             callback_allow: None,
         }
     }
@@ -464,6 +491,15 @@ pub struct Resolved {
     pub source: Source,
     /// What start-up should log at warn (unknown `CHRONOS_*` variables).
     pub warnings: Vec<String>,
+    /// `[http] tls-certificate`: the listener's TLS, its files read and
+    /// checked (a reload keeps this one and re-reads its files).
+    pub tls: Option<Arc<ListenerTls>>,
+    /// `https://` callbacks: the roots of `[timers] callback-ca-file`, else
+    /// the system's (each shard takes its own copy, `tls::for_shard`).
+    pub callback_tls: Option<Arc<rustls::ClientConfig>>,
+    /// `[cluster] tls`: how peers and sites are reached (each shard takes
+    /// its own copy, `tls::for_shard`).
+    pub peer_tls: Option<Arc<rustls::ClientConfig>>,
     /// `[timers] callback-allow` parsed; `None`: callbacks go anywhere.
     pub guard: Option<Arc<Guard>>,
 }
@@ -542,13 +578,90 @@ impl Config {
         let mut resolved = config
             .resolve(available_cores)
             .map_err(|e| overrides::annotate(e, &source.applied))?;
+        warnings.append(&mut resolved.warnings);
         (resolved.source, resolved.warnings) = (source, warnings);
         Ok(resolved)
     }
 
-    /// Check every value and derive what the engine needs.
+    /// `[cluster] tls`: the peers' client configuration, and with mutual
+    /// TLS the roots the listener verifies peers' certificates against.
+    /// Refused: TLS to peers while the listener is plain (the peers would
+    /// send the secret and the timers in clear), or half a setting.
+    #[allow(clippy::type_complexity)]
+    fn load_cluster_tls(
+        &self,
+    ) -> Result<
+        (
+            Option<Arc<rustls::ClientConfig>>,
+            Option<rustls::RootCertStore>,
+        ),
+        String,
+    > {
+        let c = &self.cluster;
+        let identity = match (&c.tls_client_certificate, &c.tls_client_private_key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert, key)),
+            _ => return Err("[cluster] tls-client-certificate and tls-client-private-key: set both (mutual TLS) or neither".into()),
+        };
+        if !c.tls {
+            if c.tls_ca_file.is_some() || identity.is_some() {
+                return Err("[cluster] tls-ca-file and tls-client-certificate take effect only with [cluster] tls = true; set it, or remove them".into());
+            }
+            return Ok((None, None));
+        }
+        if self.http.tls_certificate.is_none() {
+            return Err("[cluster] tls = true needs [http] tls-certificate and tls-private-key: the peers reach this node's listener, which must speak TLS too (the shared secret and the timers must never cross in clear)".into());
+        }
+        let ca = c.tls_ca_file.as_deref().ok_or(
+            "[cluster] tls = true needs tls-ca-file (PEM: the CA that signs the peers' certificates)",
+        )?;
+        let (roots, _) = tls::roots(Some(("[cluster] tls-ca-file", ca)))?;
+        let identity = match identity {
+            Some((cert, key)) => Some(tls::client_identity(
+                ("[cluster] tls-client-certificate", cert),
+                ("[cluster] tls-client-private-key", key),
+            )?),
+            None => None,
+        };
+        let mutual = identity.is_some();
+        let client = tls::client_config(roots.clone(), identity)?;
+        Ok((Some(client), mutual.then_some(roots)))
+    }
+
+    /// Check every value and derive what the engine needs, reading the
+    /// TLS files (a bad path or PEM is an error naming the key and file).
     pub fn resolve(self, available_cores: usize) -> Result<Resolved, String> {
-        self.resolve_with(available_cores, None)
+        let (peer_tls, client_roots) = self.load_cluster_tls()?;
+        let tls = self.load_tls(client_roots)?;
+        let ca = self.timers.callback_ca_file.as_deref();
+        let (roots, warning) = tls::roots(ca.map(|p| ("[timers] callback-ca-file", p)))?;
+        let callback_tls = tls::client_config(roots, None)?;
+        let mut resolved = self.resolve_with(available_cores, None)?;
+        resolved.tls = tls;
+        resolved.callback_tls = Some(callback_tls);
+        resolved.peer_tls = peer_tls;
+        resolved.warnings.extend(warning);
+        Ok(resolved)
+    }
+
+    /// `[http] tls-certificate` and `tls-private-key`: both or neither.
+    /// `client_roots`: verify the client certificates peers present.
+    fn load_tls(
+        &self,
+        client_roots: Option<rustls::RootCertStore>,
+    ) -> Result<Option<Arc<ListenerTls>>, String> {
+        let h = &self.http;
+        match (&h.tls_certificate, &h.tls_private_key) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => ListenerTls::load(
+                ("[http] tls-certificate", cert),
+                ("[http] tls-private-key", key),
+                client_roots,
+            )
+            .map(|t| Some(Arc::new(t))),
+            (Some(_), None) => Err("[http] tls-certificate is set without tls-private-key: set both (TLS) or neither (plain HTTP)".into()),
+            (None, Some(_)) => Err("[http] tls-private-key is set without tls-certificate: set both (TLS) or neither (plain HTTP)".into()),
+        }
     }
 
     /// `resolve`, with `sites` already resolved (a reload keeps the ones
@@ -577,6 +690,9 @@ impl Config {
             sites,
             source: Source::default(),
             warnings: Vec::new(),
+            tls: None,
+            callback_tls: None,
+            peer_tls: None,
             guard,
         })
     }

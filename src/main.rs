@@ -162,6 +162,7 @@ fn log_resolved(cli: &chronos::config::Cli, resolved: &chronos::config::Resolved
         body_bytes_max = c.http.body_bytes_max,
         idle_timeout_ms = c.http.idle_timeout_ms,
         net_ring = c.http.net_ring,
+        tls = %if resolved.tls.is_some() { "on" } else { "off" },
         accept_steering = c.http.accept_steering.name(),
         "resolved configuration"
     );

@@ -201,6 +201,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         body_timeout: Duration::from_millis(http.body_timeout_ms),
         write_timeout: Duration::from_millis(http.write_timeout_ms),
         drain: DRAIN_TIMEOUT,
+        tls: resolved.tls.as_ref().map(|t| t.config.clone()),
     };
     let api = Api::new(shard.clone(), ready_check(&node));
     let server = Server::new(api, limits, gate.clone(), node.stats.clone(), index);
@@ -417,12 +418,28 @@ fn signal_hook(
     })
 }
 
+/// SIGHUP: re-read the listener's certificate and key (same files). A
+/// chain or key that does not load is refused, logged, and the current
+/// one stays; new handshakes take a new one, open connections keep theirs.
+fn reload_tls(start: &Resolved) {
+    let Some(tls) = &start.tls else { return };
+    match tls.reload() {
+        Ok(()) => {
+            tracing::info!(target: "chronos::node", "SIGHUP: TLS certificate and key re-read; new connections get them")
+        }
+        Err(e) => {
+            tracing::error!(target: "chronos::node", "SIGHUP: TLS certificate refused, keeping the current one: {e}")
+        }
+    }
+}
+
 /// A SIGHUP: re-read the file and hand a valid cluster to every shard.
 fn reload(
     start: &Resolved,
     current: &mut Reloaded,
     shards: &[async_channel::Sender<Arc<Reloaded>>],
 ) {
+    reload_tls(start);
     let Some(next) = reread(start) else {
         return;
     };

@@ -35,6 +35,10 @@ fn literal_addresses_are_judged_by_the_first_matching_rule() {
     let (status, body) = post(&node, "http://10.1.2.3:9/denied");
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("rule \"!10.0.0.0/8\""), "{body}");
+    // The scheme does not matter: an https:// callback is judged the same.
+    let (status, body) = post(&node, "https://127.0.0.2:9/denied");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("rule \"!127.0.0.2\""), "{body}");
     let (status, body) = post(&node, "http://192.0.2.1/none");
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("no rule matched"), "{body}");

@@ -25,7 +25,9 @@ use crate::http::server::Handler;
 use crate::http::{uri, write_response, Method, Request};
 use crate::runtime::loglimit::{log_due, LogLimit};
 use crate::shard::{OpError, Shard};
+use crate::stats::{REQUEST_BOUNDS_US, ROUTES};
 use crate::timer::{spec, TimerId};
+use std::cell::Cell;
 use std::future::Future;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -69,8 +71,53 @@ impl Handler for Api {
     }
 }
 
-/// Answer one request into `out`; returns the status written.
+/// Answer one request into `out`; returns the status written. Timed from
+/// here (the request parsed) until its answer is in `out`, per route
+/// (`chronos_http_request_duration_seconds`).
 pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+    let started = Instant::now();
+    let route = Cell::new(route_of(req));
+    let status = answer(api, req, out, close, &route).await;
+    api.shard.my_stats().request_duration[route.get()]
+        .record_duration(&REQUEST_BOUNDS_US, started.elapsed());
+    status
+}
+
+/// A request's `route` label ([`ROUTES`]) by method and path; a `PUT` to a
+/// timer is `timers_put` until its body shows it is a replication
+/// (`timer` then says which).
+fn route_of(req: &Request<'_>) -> usize {
+    let name = match (req.method, req.path) {
+        (Method::Post, "/timers") => "timers_post",
+        (Method::Get, "/timers") => "resync_get",
+        (Method::Delete, "/timers/references") => "references_delete",
+        (Method::Get, "/cluster") => "cluster",
+        (Method::Post, "/resync") => "resync_post",
+        (Method::Get | Method::Head, "/ping") => "ping",
+        (Method::Get | Method::Head, "/ready") => "ready",
+        (Method::Get, "/metrics") => "metrics",
+        (Method::Get, "/openapi.json") => "openapi",
+        (Method::Put, path) if path.starts_with("/timers/") => "timers_put",
+        (Method::Delete, path) if path.starts_with("/timers/") => "timers_delete",
+        _ => "other",
+    };
+    route_index(name)
+}
+
+/// The index of `name` in [`ROUTES`].
+fn route_index(name: &str) -> usize {
+    let i = ROUTES.iter().position(|r| *r == name);
+    i.expect("a route of stats::ROUTES")
+}
+
+/// What `handle` answers, by path (`route` may be refined on the way).
+async fn answer(
+    api: &Api,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    close: bool,
+    route: &Cell<usize>,
+) -> u16 {
     let shard = &*api.shard;
     match req.path {
         "/timers" => timers(api, req, out, close).await,
@@ -85,7 +132,7 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             Method::Post => resync(shard, req, out, close).await,
             _ => not_allowed(out, "POST", close),
         },
-        "/timers/references" if !authorized(shard, req) => {
+        "/timers/references" if !internal_authorized(shard, req) => {
             forbidden(api, req, Refused::Internal, out, close)
         }
         "/timers/references" => match req.method {
@@ -120,7 +167,7 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             _ => not_allowed(out, "GET", close),
         },
         path => match path.strip_prefix("/timers/") {
-            Some(id_text) => timer(api, id_text, req, out, close).await,
+            Some(id_text) => timer(api, id_text, req, out, close, route).await,
             None => error(out, 404, "not found", close),
         },
     }
@@ -195,7 +242,7 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
             }
             Err(reason) => error(out, 400, &reason, close),
         },
-        Method::Get if !authorized(shard, req) => {
+        Method::Get if !internal_authorized(shard, req) => {
             forbidden(api, req, Refused::Internal, out, close)
         }
         Method::Get => match shard.resync_query(req.query, req.range) {
@@ -245,8 +292,16 @@ async fn create_durable(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<TimerI
 }
 
 /// `/timers/<id>`: `PUT` (a client's, or a replication body naming
-/// `replicas`) and `DELETE`.
-async fn timer(api: &Api, id_text: &str, req: &Request<'_>, out: &mut Vec<u8>, close: bool) -> u16 {
+/// `replicas`) and `DELETE`. `route`: set to the replication routes for
+/// replication bodies.
+async fn timer(
+    api: &Api,
+    id_text: &str,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    close: bool,
+    route: &Cell<usize>,
+) -> u16 {
     let shard = &*api.shard;
     if let (Method::Put | Method::Delete, Err(e)) = (req.method, shard.storage_admits()) {
         return error(out, e.status, &e.reason, close);
@@ -261,7 +316,7 @@ async fn timer(api: &Api, id_text: &str, req: &Request<'_>, out: &mut Vec<u8>, c
     };
     match req.method {
         Method::Put => match spec::parse(req.body, uri::check) {
-            Ok(s) if s.replication.is_some() && !authorized(shard, req) => {
+            Ok(s) if s.replication.is_some() && !internal_authorized(shard, req) => {
                 forbidden(api, req, Refused::Internal, out, close)
             }
             Ok(s)
@@ -269,10 +324,12 @@ async fn timer(api: &Api, id_text: &str, req: &Request<'_>, out: &mut Vec<u8>, c
                     .as_ref()
                     .is_some_and(|r| r.replicas.is_empty()) =>
             {
+                route.set(route_index("site_replicate"));
                 let result = shard.site_update(id, s).await;
                 timer_result(out, result, close)
             }
             Ok(s) if s.replication.is_some() => {
+                route.set(route_index("replicate"));
                 let result = shard.replica_update(id, s).await;
                 timer_result(out, result, close)
             }
@@ -304,7 +361,7 @@ async fn timer(api: &Api, id_text: &str, req: &Request<'_>, out: &mut Vec<u8>, c
 
 /// Why an internal request got `403`.
 const INTERNAL_REFUSED: &str =
-    "internal API: missing or wrong shared secret (Authorization: Bearer <[cluster] shared-secret>)";
+    "internal API: missing or wrong shared secret (Authorization: Bearer <[cluster] shared-secret>), or, with mutual TLS, no client certificate signed by [cluster] tls-ca-file";
 
 /// Why an admin request got `403`.
 const ADMIN_REFUSED: &str = "admin API (/cluster, /resync, /metrics): missing or wrong shared secret (Authorization: Bearer <[cluster] shared-secret>)";
@@ -317,6 +374,17 @@ fn authorized(shard: &Shard, req: &Request<'_>) -> bool {
         None => true,
         Some(secret) => secret.admits(req.authorization),
     }
+}
+
+/// Whether an internal request (replication, cross-site, resync) may
+/// proceed: [`authorized`], and with mutual TLS (`[cluster] tls` and
+/// `tls-client-certificate`, so every peer presents one) only over a
+/// connection whose client certificate the listener verified against
+/// `[cluster] tls-ca-file`.
+fn internal_authorized(shard: &Shard, req: &Request<'_>) -> bool {
+    let c = &shard.resolved.config.cluster;
+    let mutual = c.tls && c.tls_client_certificate.is_some();
+    authorized(shard, req) && (!mutual || req.peer_certified)
 }
 
 /// `503` for a client request the token bucket refused.

@@ -26,7 +26,7 @@ use crate::http::client::Client;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::runtime::notify::Notify;
-use crate::stats::ShardStats;
+use crate::stats::{ShardStats, REPLICATION_LAG_BOUNDS_US};
 use crate::timer::TimerId;
 use futures_lite::future;
 use std::cell::{Cell, RefCell};
@@ -681,6 +681,7 @@ impl Sender {
             )
             .await;
         let sent = statuses.iter().filter(|s| (200..300).contains(*s)).count();
+        self.record_lag(seg, statuses);
         let refused = statuses.iter().filter(|s| is_final_refusal(**s)).count();
         log_forbidden(
             &peer.address,
@@ -695,6 +696,19 @@ impl Sender {
             Err(e) => {
                 tracing::debug!(target: "chronos::replication", "to {}: {retry} messages to retry: {e}", peer.address);
                 (backoff_ms * 2).clamp(BACKOFF_MS_MIN, BACKOFF_MS_MAX)
+            }
+        }
+    }
+
+    /// `chronos_replication_lag_seconds`: each message the peer took (2xx),
+    /// from when it was first queued (retries included) until now.
+    fn record_lag(&self, seg: &Segment, statuses: &[u16]) {
+        let lag = &self.stats[self.shard].replication_lag[usize::from(self.peer.site.is_some())];
+        let now_ms = clock::now_ms();
+        for (m, status) in seg.messages.iter().zip(statuses) {
+            if (200..300).contains(status) {
+                let ms = now_ms.saturating_sub(m.born_ms);
+                lag.record(&REPLICATION_LAG_BOUNDS_US, ms.saturating_mul(1000));
             }
         }
     }

@@ -51,6 +51,11 @@ impl Config {
             .resolve_with(running.shards, Some(running.sites.clone()))
             .map_err(|e| overrides::annotate(e, &source.applied))?;
         resolved.source = source.clone();
+        // The listener's TLS is the running one: a SIGHUP re-reads its
+        // files in place (`ListenerTls::reload`), it is not rebuilt here.
+        resolved.tls = running.tls.clone();
+        resolved.callback_tls = running.callback_tls.clone();
+        resolved.peer_tls = running.peer_tls.clone();
         let (not_applied, refused_at_start) =
             match Config::deserialize(toml::Value::Table(table.clone())) {
                 Ok(file) => (

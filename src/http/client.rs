@@ -15,6 +15,8 @@
 
 use super::guard::Guard;
 use super::permits::{Permit, Permits};
+use super::server::GlommioConn;
+use super::tls::TlsConn;
 use super::{format_u32, uri};
 use crate::runtime::notify::Notify;
 use crate::runtime::sleep::sleep;
@@ -51,8 +53,43 @@ const READ_CHUNK: usize = 16 * 1024;
 /// The first read of a response.
 const FIRST_READ: usize = 1024;
 
+/// A connection to a target: plain, or TLS over it (chosen once, when the
+/// connection is made; a plain one runs glommio's stream as before).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsConn<GlommioConn>>),
+}
+
+impl Stream {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf).await,
+            Stream::Tls(s) => s.read_plain(buf).await,
+        }
+    }
+
+    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.write_all(data).await,
+            Stream::Tls(s) => s.write_plain(data).await,
+        }
+    }
+}
+
+/// What a pool is for: an address, and for `https://` the server name its
+/// certificate is verified for (the URI's host), so that two names on one
+/// address never share a connection. A plain key allocates nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PoolKey {
+    addr: SocketAddr,
+    tls: Option<Box<str>>,
+    /// A peer (replication, resync, another site): TLS with the cluster's
+    /// configuration, not the callbacks'.
+    peer: bool,
+}
+
 struct HostPool {
-    idle: RefCell<Vec<TcpStream>>,
+    idle: RefCell<Vec<Stream>>,
     /// Requests waiting for a lane (callbacks), oldest first; entries a
     /// lane took out of order or whose caller withdrew them stay until
     /// they reach the front (every lane drops those first).
@@ -94,7 +131,7 @@ impl HostPool {
     }
 
     /// Keep a connection that can be reused (up to `IDLE_PER_HOST_MAX`).
-    fn give_back(&self, stream: TcpStream) {
+    fn give_back(&self, stream: Stream) {
         let mut idle = self.idle.borrow_mut();
         if idle.len() < IDLE_PER_HOST_MAX {
             idle.push(stream);
@@ -114,11 +151,17 @@ pub struct CallbackKey {
     pub unique: u64,
     pub version: u64,
     pub sequence: u32,
+    /// When the pop was due (engine ms), for [`Sent`].
+    pub due_ms: u64,
 }
 
 /// Whether a queued callback should still be sent (set by the layer that
 /// owns the timers; without one, every callback is).
 pub type Wanted = Box<dyn Fn(&CallbackKey) -> bool>;
+
+/// Told, for each callback, when its request's first byte was handed to
+/// the socket (the pop lateness metric). It must not call the client.
+pub type Sent = Box<dyn Fn(&CallbackKey, Instant)>;
 
 /// A request queued for its target's lanes. Kept for reuse once its
 /// caller is done with it ([`Client::give_job`]).
@@ -221,6 +264,8 @@ enum Failure {
 struct Request<'a> {
     host: &'a str,
     port: u16,
+    /// `https://`: over TLS, the certificate verified for `host`.
+    tls: bool,
     authority: &'a str,
     method: &'a str,
     path: &'a str,
@@ -294,7 +339,13 @@ pub struct Client {
     timeout: Duration,
     connect_timeout: Duration,
     per_host_max: usize,
-    pools: RefCell<HashMap<SocketAddr, Rc<HostPool>>>,
+    pools: RefCell<HashMap<PoolKey, Rc<HostPool>>>,
+    /// For `https://` targets: the shard's own rustls configuration, so
+    /// its session store (resumption) is the shard's alone.
+    tls: Option<Arc<rustls::ClientConfig>>,
+    /// `[cluster] tls`: peers are reached over TLS with this (the
+    /// cluster's CA, and this node's client certificate when set).
+    peer_tls: Option<Arc<rustls::ClientConfig>>,
     /// Host name → the port it was resolved with, its address, when.
     names: RefCell<HashMap<String, (u16, SocketAddr, Instant)>>,
     spare: RefCell<Vec<Vec<u8>>>,
@@ -306,6 +357,8 @@ pub struct Client {
     spare_batches: RefCell<Vec<LaneVecs>>,
     /// Asked by lanes before a callback is sent.
     wanted: RefCell<Option<Wanted>>,
+    /// Told by lanes when a batch of callbacks went on the wire.
+    sent: RefCell<Option<Sent>>,
     /// `[timers] callback-allow`: checked on the address a callback is
     /// about to use (`None`: every address).
     guard: RefCell<Option<Arc<Guard>>>,
@@ -335,8 +388,29 @@ impl Client {
             spare_batches: RefCell::new(Vec::new()),
             spare_batch_buffers: RefCell::new(Vec::new()),
             wanted: RefCell::new(None),
+            sent: RefCell::new(None),
+            tls: None,
+            peer_tls: None,
             guard: RefCell::new(None),
         }
+    }
+
+    /// Set what lanes tell when callbacks go on the wire.
+    pub fn set_sent(&self, sent: Sent) {
+        *self.sent.borrow_mut() = Some(sent);
+    }
+
+    /// Reach `https://` targets with `tls` (without it they fail, saying so).
+    pub fn with_tls(mut self, tls: Option<Arc<rustls::ClientConfig>>) -> Client {
+        self.tls = tls;
+        self
+    }
+
+    /// Reach peers (`pipeline`, `request`) over TLS with `tls`, each
+    /// verified for its address (an IP SAN).
+    pub fn with_peer_tls(mut self, tls: Option<Arc<rustls::ClientConfig>>) -> Client {
+        self.peer_tls = tls;
+        self
     }
 
     /// Set (or clear) the callback guard; a reload calls it again.
@@ -373,6 +447,7 @@ impl Client {
         let request = Request {
             host: target.host,
             port: target.port,
+            tls: target.tls,
             authority: target.authority,
             method: "POST",
             path: target.path,
@@ -421,7 +496,8 @@ impl Client {
                     ..unsent(reason)
                 })?;
         }
-        let pool = self.pool(addr);
+        let to = pool_key(addr, r);
+        let pool = self.pool(&to);
         pool.admit_waiter(addr, pool.queued.get()).map_err(unsent)?;
         let mut request = self.take_buffer();
         build_request(
@@ -437,7 +513,7 @@ impl Client {
         pool.queued.set(pool.queued.get() + 1);
         let result = {
             let _withdraw = Withdraw(&job, &pool);
-            self.await_turn(&pool, addr, &job, wait_until).await
+            self.await_turn(&pool, &to, &job, wait_until).await
         };
         self.give_job(job);
         result.map_err(|e| match e {
@@ -458,7 +534,7 @@ impl Client {
     async fn await_turn(
         &self,
         pool: &HostPool,
-        addr: SocketAddr,
+        key: &PoolKey,
         job: &Rc<Job>,
         wait_until: Option<Instant>,
     ) -> Result<u16, Option<Failure>> {
@@ -474,7 +550,7 @@ impl Client {
             }
             match self.lane_or_served(pool, job, wait_until).await {
                 Turn::Lane(permit) => {
-                    self.run_lane(pool, addr, job).await;
+                    self.run_lane(pool, key, job).await;
                     drop(permit);
                 }
                 Turn::Served => {}
@@ -533,7 +609,7 @@ impl Client {
 
     /// Send one pipelined batch for the target, `own` first (see
     /// `send_queued`), handing each job its status or the failure.
-    async fn run_lane(&self, pool: &HostPool, addr: SocketAddr, own: &Rc<Job>) {
+    async fn run_lane(&self, pool: &HostPool, key: &PoolKey, own: &Rc<Job>) {
         let spare = self.spare_batches.borrow_mut().pop();
         let (mut batch, mut statuses) = spare.unwrap_or_else(|| {
             let n = LANE_BATCH_MAX;
@@ -553,9 +629,22 @@ impl Client {
             bytes.extend_from_slice(&job.request.borrow());
         }
         let sent_at = Instant::now();
+        let on_wire = Cell::new(None);
         let result = self
-            .pipeline(addr, &bytes, batch.len(), self.timeout, &mut statuses)
+            .pipeline_on(
+                key,
+                &bytes,
+                batch.len(),
+                self.timeout,
+                &mut statuses,
+                &on_wire,
+            )
             .await;
+        if let (Some(at), Some(sent)) = (on_wire.get(), &*self.sent.borrow()) {
+            for callback in batch.iter().filter_map(|job| job.key.as_ref()) {
+                sent(callback, at);
+            }
+        }
         pool.failed_at.set(result.is_err().then(Instant::now));
         self.adapt_batch(pool, batch.len(), sent_at.elapsed(), result.is_ok());
         for (i, job) in batch.drain(..).enumerate() {
@@ -616,6 +705,7 @@ impl Client {
         let request = Request {
             host,
             port,
+            tls: self.peer_tls.is_some(),
             authority,
             method,
             path,
@@ -637,7 +727,11 @@ impl Client {
     ) -> Result<Response, RequestError> {
         let unsent = RequestError::unsent;
         let addr = self.resolve_within(r.host, r.port).await.map_err(unsent)?;
-        let pool = self.pool(addr);
+        let key = PoolKey {
+            peer: true,
+            ..pool_key(addr, r)
+        };
+        let pool = self.pool(&key);
         let _permit = self.permit(&pool, addr, wait).await.map_err(unsent)?;
         // The timeout of the request itself starts when it is sent (seed
         // 000: a callback must complete within 2 s of being sent).
@@ -650,7 +744,7 @@ impl Client {
             // A pooled connection may have been closed by the peer: one retry
             // on a fresh connection when nothing at all came back.
             for attempt in 0..2 {
-                let (mut stream, reused) = self.take_connection(&pool, addr, deadline).await?;
+                let (mut stream, reused) = self.take_connection(&pool, &key, deadline).await?;
                 match exchange(&mut stream, &out, head_only, want_body, &mut received).await {
                     Ok((response, keep)) => {
                         if keep {
@@ -686,14 +780,35 @@ impl Client {
         timeout: Duration,
         statuses: &mut Vec<u16>,
     ) -> Result<(), String> {
+        let key = self.peer_key(addr);
+        let on_wire = Cell::new(None);
+        self.pipeline_on(&key, requests, count, timeout, statuses, &on_wire)
+            .await
+    }
+
+    /// [`Client::pipeline`] to `key`'s pool; `on_wire` gets when the
+    /// batch's first byte was handed to the connection (a callback lane's
+    /// pop lateness).
+    async fn pipeline_on(
+        &self,
+        key: &PoolKey,
+        requests: &[u8],
+        count: usize,
+        timeout: Duration,
+        statuses: &mut Vec<u16>,
+        on_wire: &Cell<Option<Instant>>,
+    ) -> Result<(), String> {
         assert!(count > 0 && !requests.is_empty(), "a batch has requests");
         statuses.clear();
-        let pool = self.pool(addr);
+        let pool = self.pool(key);
         let deadline = Instant::now() + timeout;
         let mut received = self.take_batch_buffer();
         let work = async {
             for attempt in 0..2 {
-                let (mut stream, reused) = self.take_connection(&pool, addr, deadline).await?;
+                let (mut stream, reused) = self.take_connection(&pool, key, deadline).await?;
+                if on_wire.get().is_none() {
+                    on_wire.set(Some(Instant::now()));
+                }
                 match exchange_batch(&mut stream, requests, count, statuses, &mut received).await {
                     Ok(keep) => {
                         if keep {
@@ -775,15 +890,15 @@ impl Client {
     async fn take_connection(
         &self,
         pool: &HostPool,
-        addr: SocketAddr,
+        key: &PoolKey,
         deadline: Instant,
-    ) -> Result<(TcpStream, bool), String> {
+    ) -> Result<(Stream, bool), String> {
         // Take the idle connection before awaiting anything: no RefCell
         // borrow may live across an await.
         let idle = pool.idle.borrow_mut().pop();
         match idle {
             Some(s) => Ok((s, true)),
-            None => Ok((self.connect(addr, deadline).await?, false)),
+            None => Ok((self.connect(key, deadline).await?, false)),
         }
     }
 
@@ -792,19 +907,47 @@ impl Client {
         Err(format!("no answer within {} ms", self.timeout.as_millis()))
     }
 
-    async fn connect(&self, addr: SocketAddr, deadline: Instant) -> Result<TcpStream, String> {
+    /// A new connection for `key`: TCP, and for `https://` the TLS
+    /// handshake (within the caller's deadline, which races the work).
+    async fn connect(&self, key: &PoolKey, deadline: Instant) -> Result<Stream, String> {
+        let addr = key.addr;
         let left = deadline.saturating_duration_since(Instant::now());
         let limit = self.connect_timeout.min(left).max(Duration::from_millis(1));
         let stream = TcpStream::connect_timeout(addr, limit)
             .await
             .map_err(|e| format!("connect to {addr}: {e}"))?;
         let _ = stream.set_nodelay(true);
-        Ok(stream)
+        let Some(host) = &key.tls else {
+            return Ok(Stream::Plain(stream));
+        };
+        let config = match key.peer {
+            true => self.peer_tls.as_ref(),
+            false => self.tls.as_ref(),
+        };
+        let config = config.ok_or("https:// is not available here")?;
+        let name = server_name(host)?;
+        let tls = TlsConn::connect(GlommioConn(stream), config, name)
+            .await
+            .map_err(|e| format!("TLS handshake with {host} ({addr}): {e}"))?;
+        Ok(Stream::Tls(Box::new(tls)))
     }
 
-    fn pool(&self, addr: SocketAddr) -> Rc<HostPool> {
+    /// The pool key of peer `addr`: TLS (its IP as the server name) with
+    /// `[cluster] tls`.
+    fn peer_key(&self, addr: SocketAddr) -> PoolKey {
+        PoolKey {
+            addr,
+            tls: self
+                .peer_tls
+                .is_some()
+                .then(|| addr.ip().to_string().into()),
+            peer: true,
+        }
+    }
+
+    fn pool(&self, key: &PoolKey) -> Rc<HostPool> {
         let mut pools = self.pools.borrow_mut();
-        if let Some(p) = pools.get(&addr) {
+        if let Some(p) = pools.get(key) {
             return p.clone();
         }
         if pools.len() >= HOSTS_MAX {
@@ -820,7 +963,7 @@ impl Client {
             waiting: Cell::new(0),
             failed_at: Cell::new(None),
         });
-        pools.insert(addr, pool.clone());
+        pools.insert(key.clone(), pool.clone());
         pool
     }
 
@@ -885,6 +1028,27 @@ impl Client {
     }
 }
 
+/// The pool for `r` at `addr`: by address, and for `https://` also by
+/// the server name.
+fn pool_key(addr: SocketAddr, r: &Request<'_>) -> PoolKey {
+    PoolKey {
+        addr,
+        tls: r.tls.then(|| r.host.into()),
+        peer: false,
+    }
+}
+
+/// The name a TLS peer's certificate must carry: a DNS name, or an IP
+/// literal (bracketed for IPv6 in a URI), matched against IP SANs.
+fn server_name(host: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    rustls::pki_types::ServerName::try_from(bare.to_string())
+        .map_err(|e| format!("{host:?} is not a usable TLS server name: {e}"))
+}
+
 fn build_request(
     out: &mut Vec<u8>,
     method: &str,
@@ -946,7 +1110,7 @@ impl<'b> Recv<'b> {
 
     /// Read once more; end of stream is an error. The failure is
     /// `NothingBack` only when nothing at all was received.
-    async fn fill(&mut self, stream: &mut TcpStream) -> Result<(), Exchange> {
+    async fn fill(&mut self, stream: &mut Stream) -> Result<(), Exchange> {
         if self.pos > 0 {
             self.buf.drain(..self.pos);
             self.pos = 0;
@@ -987,7 +1151,7 @@ impl<'b> Recv<'b> {
 /// Send one request and read its response. Returns the response and whether
 /// the connection can be reused.
 async fn exchange(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     request: &[u8],
     head_only: bool,
     want_body: bool,
@@ -1006,7 +1170,7 @@ async fn exchange(
 /// Send a pipelined batch and read `count` responses, pushing each status
 /// onto `statuses`. Ok: whether the connection can be reused.
 async fn exchange_batch(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     requests: &[u8],
     count: usize,
     statuses: &mut Vec<u16>,
@@ -1042,7 +1206,7 @@ struct Head {
 /// bytes after it in `recv`. Returns it and whether the connection may be
 /// kept.
 async fn read_response(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     recv: &mut Recv<'_>,
     head_only: bool,
     want_body: bool,
@@ -1170,7 +1334,7 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
 }
 
 async fn read_length(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     recv: &mut Recv<'_>,
     len: usize,
     want_body: bool,
@@ -1191,7 +1355,7 @@ async fn read_length(
 }
 
 async fn read_chunked(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     recv: &mut Recv<'_>,
     want_body: bool,
 ) -> Result<Vec<u8>, Exchange> {
@@ -1225,7 +1389,7 @@ async fn read_chunked(
 }
 
 async fn read_until_close(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     recv: &mut Recv<'_>,
     want_body: bool,
 ) -> Result<Vec<u8>, Exchange> {

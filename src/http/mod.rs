@@ -11,6 +11,7 @@ pub mod guard;
 pub mod permits;
 pub mod ring;
 pub mod server;
+pub mod tls;
 pub mod uri;
 
 use std::mem::MaybeUninit;
@@ -60,6 +61,9 @@ pub struct Request<'b> {
     /// The connection's peer address, when the server knows it (set by
     /// the server, not by the parser).
     pub peer: Option<std::net::IpAddr>,
+    /// The connection presented a TLS client certificate that the
+    /// listener verified (`[cluster] tls-ca-file`); set by the server.
+    pub peer_certified: bool,
 }
 
 /// A request that cannot be framed: answered, then the connection closes.
@@ -148,6 +152,7 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
             range,
             authorization,
             peer: None,
+            peer_certified: false,
         },
         head_len + body_len,
     )

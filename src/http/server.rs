@@ -15,8 +15,10 @@
 //! client stopped reading) closes the connection.
 
 use crate::http::ring::{Acceptor, NetRing, RingConn};
+use crate::http::tls::TlsConn;
 use crate::http::{parse_request, write_response, Method, Parsed, Request};
 use crate::runtime::gate::Gate;
+use crate::runtime::loglimit::{log_due, LogLimit};
 use crate::stats::ShardStats;
 use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
@@ -41,6 +43,8 @@ const REFUSE_SLACK: usize = 64;
 /// connection's write buffer holds at most this plus one response (and
 /// reading waits until the write is taken).
 const OUT_BYTES_MAX: usize = 1024 * 1024;
+/// At most one log line per this period for failed TLS handshakes.
+const TLS_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// What answers requests: the composition root hands one to the server.
 pub trait Handler: 'static {
@@ -71,6 +75,9 @@ pub struct Limits {
     pub write_timeout: Duration,
     /// How long shutdown waits for requests in hand.
     pub drain: Duration,
+    /// `[http] tls-certificate`: every connection speaks TLS, its handshake
+    /// within `header_timeout`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// One shard's HTTP server: admission (connections open, requests in
@@ -87,6 +94,8 @@ pub struct Server<H: Handler> {
     /// Open connections per peer address (entries only for open ones, so
     /// at most `connections_max`).
     per_source: RefCell<HashMap<IpAddr, usize>>,
+    /// Failed TLS handshakes (a client can provoke them at will).
+    tls_log: LogLimit,
 }
 
 /// A connection as `serve` sees it.
@@ -106,6 +115,10 @@ pub trait Conn {
     /// A write failed or timed out: reset the connection when it closes
     /// rather than leave the kernel sending to a peer that does not read.
     fn reset_on_close(&self);
+    /// The peer presented a client certificate the listener verified.
+    fn peer_certified(&self) -> bool {
+        false
+    }
 }
 
 impl Conn for RingConn {
@@ -132,7 +145,7 @@ impl Conn for RingConn {
 /// glommio's stream, with the idle timeout as its read timeout and the
 /// write timeout as its write timeout (which glommio counts from the last
 /// progress of a blocked write).
-pub struct GlommioConn(TcpStream);
+pub struct GlommioConn(pub TcpStream);
 
 impl Conn for GlommioConn {
     fn read<'a>(&'a mut self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + 'a {
@@ -199,6 +212,7 @@ impl<H: Handler> Server<H> {
             busy: Cell::new(0),
             connections: Cell::new(0),
             per_source: RefCell::new(HashMap::new()),
+            tls_log: Cell::new((None, 0)),
         })
     }
 
@@ -267,7 +281,11 @@ impl<H: Handler> Server<H> {
             .fetch_add(1, Ordering::Relaxed);
         let server = self.clone();
         glommio::spawn_local(async move {
-            server.serve(conn).await;
+            // Once per connection: a plain one runs the plain code.
+            match server.limits.tls.clone() {
+                None => server.serve(conn).await,
+                Some(tls) => server.serve_tls(conn, &tls).await,
+            }
             if let Some(ip) = ip {
                 let mut per = server.per_source.borrow_mut();
                 let n = per.get_mut(&ip).expect("counted at admission");
@@ -284,6 +302,31 @@ impl<H: Handler> Server<H> {
                 .fetch_sub(1, Ordering::Relaxed);
         })
         .detach();
+    }
+
+    /// Run the TLS handshake within `header-timeout-ms`, then serve the
+    /// connection over it; a handshake that fails or does not finish is
+    /// counted, logged (rate-limited) and closes the connection.
+    async fn serve_tls<C: Conn>(&self, conn: C, tls: &Arc<rustls::ServerConfig>) {
+        let peer = conn.peer_ip();
+        let limit = self.limits.header_timeout;
+        let shaken = future::or(TlsConn::accept(conn, tls), async {
+            glommio::timer::sleep(limit).await;
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the handshake did not finish within header-timeout-ms",
+            ))
+        })
+        .await;
+        match shaken {
+            Ok(conn) => self.serve(conn).await,
+            Err(e) => {
+                ShardStats::add(&self.my_stats().tls_handshakes_failed, 1);
+                if let Some(quiet) = log_due(&self.tls_log, Instant::now(), TLS_LOG_EVERY) {
+                    tracing::warn!(target: "chronos::http", "shard {}: TLS handshake from {} failed: {e} ({quiet} more since the last such line)", self.shard, peer.map_or("?".to_string(), |p| p.to_string()));
+                }
+            }
+        }
     }
 
     /// Accept until shutdown (glommio's sockets).
@@ -323,6 +366,8 @@ struct Input {
     /// The connection's peer address (handed to the handler with each
     /// request).
     peer: Option<IpAddr>,
+    /// The peer's TLS client certificate was verified.
+    certified: bool,
     buf: Vec<u8>,
     start: usize,
     end: usize,
@@ -425,6 +470,7 @@ impl<H: Handler> Server<H> {
         let l = &self.limits;
         let mut input = Input {
             peer: stream.peer_ip(),
+            certified: stream.peer_certified(),
             buf: vec![0u8; READ_CHUNK],
             start: 0,
             end: 0,
@@ -545,6 +591,7 @@ impl<H: Handler> Server<H> {
             match parse_request(buf, l.header_bytes_max, l.body_bytes_max) {
                 Parsed::Complete(mut req, used) => {
                     req.peer = input.peer;
+                    req.peer_certified = input.certified;
                     let close_after = !req.keep_alive || self.gate.is_closing();
                     self.busy.set(self.busy.get() + 1);
                     let at = out.len();

@@ -1,6 +1,6 @@
-//! `http://` URIs: what a callback (or a peer) is reached at.
+//! `http://` and `https://` URIs: what a callback (or a peer) is reached at.
 
-/// The parts of an `http://` callback URI.
+/// The parts of an `http://` or `https://` callback URI.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Target<'a> {
     /// Host as written (an IP literal, a bracketed IPv6 literal, or a name).
@@ -10,16 +10,31 @@ pub struct Target<'a> {
     pub path: &'a str,
     /// `host[:port]` for the `Host` header.
     pub authority: &'a str,
+    /// `https://`: reached over TLS, the certificate verified for `host`.
+    pub tls: bool,
 }
 
-/// Split an `http://host[:port][/path]` URI. The error names the URI and
-/// what is wrong with it.
+/// The scheme of `uri` (case-insensitive), whether it is TLS, and the rest.
+fn scheme(uri: &str) -> Option<(bool, &str)> {
+    let starts = |prefix: &str| {
+        uri.get(..prefix.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(prefix))
+    };
+    if starts("http://") {
+        Some((false, &uri[7..]))
+    } else if starts("https://") {
+        Some((true, &uri[8..]))
+    } else {
+        None
+    }
+}
+
+/// Split an `http[s]://host[:port][/path]` URI (port 80, or 443 for
+/// `https://`, by default). The error names the URI and what is wrong
+/// with it.
 pub fn parse(uri: &str) -> Result<Target<'_>, String> {
-    let rest = uri
-        .get(..7)
-        .filter(|s| s.eq_ignore_ascii_case("http://"))
-        .map(|_| &uri[7..])
-        .ok_or_else(|| format!("{uri:?} must be an http:// URI"))?;
+    let (tls, rest) =
+        scheme(uri).ok_or_else(|| format!("{uri:?} must be an http:// or https:// URI"))?;
     // The authority is sent as the callback's `Host` header and the path
     // in its request line: a space or a control character (CR LF) would
     // let a client add headers of its own, and a URI is ASCII (RFC 3986;
@@ -55,6 +70,7 @@ pub fn parse(uri: &str) -> Result<Target<'_>, String> {
         return Err(format!("{uri:?} has no usable host"));
     }
     let port = match port {
+        None if tls => 443,
         None => 80,
         Some(p) => p
             .parse::<u16>()
@@ -67,10 +83,12 @@ pub fn parse(uri: &str) -> Result<Target<'_>, String> {
         port,
         path,
         authority,
+        tls,
     })
 }
 
-/// Whether `uri` is a usable `http://` URI (the JSON codec's check).
+/// Whether `uri` is a usable `http://` or `https://` URI (the JSON
+/// codec's check).
 pub fn check(uri: &str) -> Result<(), String> {
     parse(uri).map(|_| ())
 }
@@ -115,12 +133,24 @@ mod tests {
         let t = parse("HTTP://example.com").unwrap();
         assert_eq!((t.host, t.port, t.path), ("example.com", 80, "/"));
         let t = parse("http://[::1]:9/a").unwrap();
-        assert_eq!((t.host, t.port), ("[::1]", 9));
+        assert_eq!((t.host, t.port, t.tls), ("[::1]", 9, false));
+        let t = parse("HTTPS://example.com/cb").unwrap();
+        assert_eq!(
+            (t.host, t.port, t.path, t.tls),
+            ("example.com", 443, "/cb", true)
+        );
+        let t = parse("https://10.0.0.1:8443").unwrap();
+        assert_eq!(
+            (t.host, t.port, t.authority, t.tls),
+            ("10.0.0.1", 8443, "10.0.0.1:8443", true)
+        );
         for bad in [
             "http://",
+            "https://",
             "http://h:0/",
             "http://h:x/",
-            "https://h/",
+            "ftp://h/",
+            "httpss://h/",
             "http://h/a b",
             "http://[::1]x/",
             "http://[::1]\r\nX-A: b/",

@@ -47,11 +47,12 @@ use crate::cluster::Cluster;
 use crate::config::Resolved;
 use crate::http::client::{CallbackKey, Client, ClientConfig};
 use crate::http::guard::Guard;
+use crate::http::tls;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::runtime::mesh::Mesh;
 use crate::runtime::throttle::{Throttle, ThrottleConfig};
-use crate::stats::ShardStats;
+use crate::stats::{ShardStats, POP_LATENESS_BOUNDS_US};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -108,11 +109,15 @@ impl Shard {
         );
         let store = Store::new(id, shards, resolved.instance_id, clock::now_ms());
         let timers = &resolved.config.timers;
-        let client = Rc::new(Client::new(ClientConfig {
-            timeout: Duration::from_millis(timers.callback_timeout_ms),
-            connect_timeout: Duration::from_millis(timers.callback_connect_timeout_ms),
-            per_host_max: timers.callback_connections_per_host_max,
-        }));
+        let client = Rc::new(
+            Client::new(ClientConfig {
+                timeout: Duration::from_millis(timers.callback_timeout_ms),
+                connect_timeout: Duration::from_millis(timers.callback_connect_timeout_ms),
+                per_host_max: timers.callback_connections_per_host_max,
+            })
+            .with_tls(resolved.callback_tls.as_ref().map(tls::for_shard))
+            .with_peer_tls(resolved.peer_tls.as_ref().map(tls::for_shard)),
+        );
         let c = &resolved.config.cluster;
         let replicator = Replicator::new(
             &replication_peers(&resolved.cluster),
@@ -151,13 +156,28 @@ impl Shard {
             guard: RefCell::new(None),
             resolved,
         });
-        shard.set_guard(shard.resolved.guard.clone());
+        shard.hook_client();
+        shard
+    }
+
+    /// What the client asks of the shard and tells it: the callback guard,
+    /// whether a queued callback is still wanted, when one went out.
+    fn hook_client(self: &Rc<Shard>) {
+        self.set_guard(self.resolved.guard.clone());
+        // `chronos_pop_lateness_seconds`: due time to the first byte sent.
+        let (stats, me) = (self.stats.clone(), self.id);
+        self.client.set_sent(Box::new(move |key, at| {
+            let due = clock::instant_of(key.due_ms);
+            let late = at.saturating_duration_since(due);
+            stats[me]
+                .pop_lateness
+                .record_duration(&POP_LATENESS_BOUNDS_US, late);
+        }));
         // Weak: the client belongs to the shard.
-        let weak = Rc::downgrade(&shard);
-        shard.client.set_wanted(Box::new(move |key| {
+        let weak = Rc::downgrade(self);
+        self.client.set_wanted(Box::new(move |key| {
             weak.upgrade().is_none_or(|s| s.callback_wanted(key))
         }));
-        shard
     }
 
     /// Take a new cluster view (a reload): replicas, replication peers and

@@ -321,7 +321,8 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
             continue;
         }
         let target = target_of(timer.uri());
-        let late_ms = now.saturating_sub(due_ms.min(timer.next_pop_ms(skew)));
+        let scheduled_ms = due_ms.min(timer.next_pop_ms(skew));
+        let late_ms = now.saturating_sub(scheduled_ms);
         let Some(wait) = pop_wait(shard, &timer, target, late_ms) else {
             hold_back(shard, now, late_ms, target, timer);
             continue;
@@ -337,7 +338,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
         // The store first: the callback's task may ask it at once whether
         // the callback is still wanted.
         advance(shard, now, timer);
-        dispatch(shard, popped, target, wait);
+        dispatch(shard, popped, target, wait, scheduled_ms);
     }
     shard.refresh_gauges(&shard.store.borrow());
 }
@@ -429,7 +430,13 @@ fn has_later_pop_elsewhere(shard: &Shard, timer: &Timer) -> bool {
 /// the other replicas; on failure this node's copy is dropped without
 /// replicating, so the next replica pops. The callback runs on an idle
 /// [`Worker`], or on a new one (no task is spawned per pop).
-fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration>) {
+fn dispatch(
+    shard: &Rc<Shard>,
+    popped: Timer,
+    target: u64,
+    wait: Option<Duration>,
+    scheduled_ms: u64,
+) {
     let pop = &shard.pop;
     let timers = &shard.resolved.config.timers;
     assert!(
@@ -444,7 +451,12 @@ fn dispatch(shard: &Rc<Shard>, popped: Timer, target: u64, wait: Option<Duration
         unique: popped.unique,
         version: popped.version,
     };
-    let job = PopJob { slot, popped, wait };
+    let job = PopJob {
+        slot,
+        popped,
+        wait,
+        scheduled_ms,
+    };
     let idle = pop.idle.borrow_mut().pop();
     match idle {
         Some(worker) => {
@@ -471,6 +483,8 @@ struct PopJob {
     /// The pop as it was taken.
     popped: Timer,
     wait: Option<Duration>,
+    /// When it was due (engine ms): its lateness is counted from here.
+    scheduled_ms: u64,
 }
 
 /// Idle workers a shard keeps for the next pops; a worker finishing its
@@ -517,13 +531,19 @@ async fn work(shard: Rc<Shard>, me: Rc<Worker>) {
 
 /// Send one pop's callback and act on its outcome.
 async fn run_callback(job: PopJob) {
-    let PopJob { slot, popped, wait } = job;
+    let PopJob {
+        slot,
+        popped,
+        wait,
+        scheduled_ms,
+    } = job;
     let shard = &slot.shard;
     let (unique, version, sequence) = (popped.unique, popped.version, popped.sequence);
     let key = CallbackKey {
         unique,
         version,
         sequence,
+        due_ms: scheduled_ms,
     };
     let started = Instant::now();
     let result = shard

@@ -28,6 +28,7 @@
 use super::Shard;
 use crate::cluster::{Cluster, Node};
 use crate::http::client::{Client, ClientConfig};
+use crate::http::tls;
 use crate::http::uri;
 use crate::runtime::bulk::{self, Pacer};
 use crate::runtime::clock;
@@ -157,7 +158,8 @@ async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String> {
         timeout,
         connect_timeout: timeout.min(Duration::from_secs(1)),
         per_host_max: 1,
-    });
+    })
+    .with_peer_tls(shard.resolved.peer_tls.as_ref().map(tls::for_shard));
     let peers: Vec<usize> = (0..cluster.all_nodes().count())
         .filter(|&p| p != me)
         .collect();

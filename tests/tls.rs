@@ -1,0 +1,714 @@
+//! TLS (issue 23): the listener over TLS on both socket drivers, the
+//! handshake's deadline, start-up errors for bad files, and the
+//! certificate's reload on SIGHUP. Certificates are made here (rcgen) and
+//! written to a temporary directory; the client is rustls over std sockets.
+
+mod common;
+
+use common::*;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A test certificate authority and the files it issues.
+struct Pki {
+    dir: PathBuf,
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        let dir = std::env::temp_dir().join(format!("chronos-tls-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("chronos test CA {name}"));
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca = params.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+        Pki { dir, ca, ca_key }
+    }
+
+    fn ca_path(&self) -> String {
+        self.dir.join("ca.pem").display().to_string()
+    }
+
+    /// A leaf for `sans` (IP literals become IP SANs), signed by this CA;
+    /// writes `name.crt` and `name.key`, returns their paths and the DER.
+    fn issue(&self, name: &str, sans: &[&str]) -> (String, String, Vec<u8>) {
+        let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(sans).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        let (c, k) = (
+            self.dir.join(format!("{name}.crt")),
+            self.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (
+            c.display().to_string(),
+            k.display().to_string(),
+            cert.der().to_vec(),
+        )
+    }
+
+    /// A client that trusts this CA only.
+    fn client(&self) -> Arc<ClientConfig> {
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(self.ca.der().to_vec()))
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        Arc::new(
+            ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        )
+    }
+}
+
+/// One request over a new TLS connection; the response and the server's
+/// leaf certificate.
+fn tls_try(
+    addr: SocketAddr,
+    client: &Arc<ClientConfig>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(Response, Vec<u8>)> {
+    let sock = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let name = ServerName::IpAddress(addr.ip().into());
+    let conn = ClientConnection::new(client.clone(), name).map_err(std::io::Error::other)?;
+    let mut tls = StreamOwned::new(conn, sock);
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(req.as_bytes())?;
+    let response = read_response(&mut BufReader::new(&mut tls))?;
+    let leaf = tls.conn.peer_certificates().map(|c| c[0].to_vec());
+    Ok((response, leaf.unwrap_or_default()))
+}
+
+fn tls_request(
+    addr: SocketAddr,
+    client: &Arc<ClientConfig>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Response {
+    tls_try(addr, client, method, path, body)
+        .expect("TLS request")
+        .0
+}
+
+/// Start a node whose listener speaks TLS with `cert`/`key`, and wait
+/// until it answers `/ping` over TLS.
+fn start_tls(client: &Arc<ClientConfig>, cert: &str, key: &str, extra: &str) -> Node {
+    let config = format!("[http]\ntls-certificate = {cert:?}\ntls-private-key = {key:?}\n{extra}");
+    let mut node = Node::spawn_in(None, "127.0.0.1", free_port(), &config, &[]);
+    let addr = node.addr;
+    wait_until("/ping over TLS", Duration::from_secs(20), || {
+        if let Ok(Some(status)) = node.child.try_wait() {
+            panic!(
+                "chronos exited ({status}) at start; log:\n{}",
+                node.log_text()
+            );
+        }
+        match tls_try(addr, client, "GET", "/ping", "") {
+            Ok((r, _)) if r.status == 200 => Ok(()),
+            Ok((r, _)) => Err(format!("{}", r.status)),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    node
+}
+
+fn metric(addr: SocketAddr, client: &Arc<ClientConfig>, name: &str) -> f64 {
+    let text = tls_request(addr, client, "GET", "/metrics", "").text();
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn timers_are_created_read_replaced_and_deleted_over_tls_on_both_drivers() {
+    let pki = Pki::new("crud");
+    let (cert, key, _) = pki.issue("node", &["127.0.0.1"]);
+    let client = pki.client();
+    let sink = Sink::start(Behaviour::Ok);
+    for net_ring in [true, false] {
+        let node = start_tls(&client, &cert, &key, &format!("net-ring = {net_ring}"));
+        let path = format!("/tls-{net_ring}");
+        let body = timer_body("0.1", Some("1"), &sink.uri(&path), "x");
+        let created = tls_request(node.addr, &client, "POST", "/timers", &body);
+        assert_eq!(created.status, 200, "{}", created.text());
+        let timer = format!("/timers/{}", created.location_id());
+        // Its pops go out to the (plain) sink.
+        wait_until("a pop", Duration::from_secs(10), || {
+            let n = sink.pops().iter().filter(|p| p.path == path).count();
+            if n > 0 {
+                Ok(())
+            } else {
+                Err("none yet".into())
+            }
+        });
+        let long = timer_body("60", None, &sink.uri(&path), "y");
+        let put = tls_request(node.addr, &client, "PUT", &timer, &long);
+        assert!(
+            put.status == 200 || put.status == 204,
+            "{} {}",
+            put.status,
+            put.text()
+        );
+        let deleted = tls_request(node.addr, &client, "DELETE", &timer, "");
+        assert!(
+            deleted.status == 200 || deleted.status == 204,
+            "{}",
+            deleted.status
+        );
+        // Plain HTTP on the TLS port gets no HTTP answer.
+        let raw = raw_exchange(node.addr, b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(
+            !raw.starts_with(b"HTTP/1.1"),
+            "plain answer on the TLS port: {raw:?}"
+        );
+        assert!(metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
+        node.terminate();
+    }
+}
+
+#[test]
+fn a_handshake_that_does_not_finish_is_closed_within_the_header_timeout() {
+    let pki = Pki::new("slow");
+    let (cert, key, _) = pki.issue("node", &["127.0.0.1"]);
+    let client = pki.client();
+    let node = start_tls(&client, &cert, &key, "header-timeout-ms = 500");
+    // Five bytes of a record header, then nothing.
+    let mut s = TcpStream::connect(node.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    // End of stream (or a reset) is the close; bytes would be an answer.
+    let n = s.read(&mut buf).unwrap_or(0);
+    let took = started.elapsed();
+    assert_eq!(n, 0, "the server sent {:?}", &buf[..n]);
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(5),
+        "closed after {took:?}"
+    );
+    assert!(metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
+    // A client that trusts another CA is refused by its own verifier; the
+    // node is not hurt and still serves the trusting client.
+    let other = Pki::new("slow-other").client();
+    assert!(tls_try(node.addr, &other, "GET", "/ping", "").is_err());
+    assert_eq!(
+        tls_request(node.addr, &client, "GET", "/ping", "").status,
+        200
+    );
+}
+
+#[test]
+fn bad_tls_files_fail_the_start_naming_the_key_and_file() {
+    let pki = Pki::new("bad");
+    let (cert, key, _) = pki.issue("node", &["127.0.0.1"]);
+    let (_, other_key, _) = pki.issue("other", &["127.0.0.1"]);
+    let garbage = pki.dir.join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let garbage = garbage.display().to_string();
+    let missing = pki.dir.join("missing.pem").display().to_string();
+    let cases = [
+        (
+            format!("tls-certificate = {missing:?}\ntls-private-key = {key:?}"),
+            "[http] tls-certificate",
+            missing.clone(),
+        ),
+        (
+            format!("tls-certificate = {garbage:?}\ntls-private-key = {key:?}"),
+            "[http] tls-certificate",
+            garbage.clone(),
+        ),
+        (
+            format!("tls-certificate = {cert:?}\ntls-private-key = {garbage:?}"),
+            "[http] tls-private-key",
+            garbage.clone(),
+        ),
+        (
+            format!("tls-certificate = {cert:?}\ntls-private-key = {other_key:?}"),
+            "do not go together",
+            other_key.clone(),
+        ),
+        (
+            format!("tls-certificate = {cert:?}"),
+            "without tls-private-key",
+            String::new(),
+        ),
+    ];
+    for (http, wanted, file) in cases {
+        let mut node = Node::spawn_in(
+            None,
+            "127.0.0.1",
+            free_port(),
+            &format!("[http]\n{http}\n"),
+            &[],
+        );
+        let status = node
+            .wait_exit(Duration::from_secs(20))
+            .expect("the start fails");
+        let log = node.log_text();
+        assert_eq!(status.code(), Some(2), "{http}: {log}");
+        assert!(
+            log.contains(wanted) && log.contains(&file),
+            "{http}: wanted {wanted:?} and {file:?} in:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn sighup_serves_a_new_certificate_and_keeps_the_old_one_when_the_new_is_bad() {
+    let pki = Pki::new("reload");
+    let (cert, key, first) = pki.issue("node", &["127.0.0.1"]);
+    let client = pki.client();
+    let node = start_tls(&client, &cert, &key, "");
+    let (_, leaf) = tls_try(node.addr, &client, "GET", "/ping", "").unwrap();
+    assert_eq!(leaf, first);
+    // A new certificate in the same files: the next connection gets it.
+    let (_, _, second) = pki.issue("node", &["127.0.0.1"]);
+    assert_ne!(first, second);
+    node.signal(libc::SIGHUP);
+    // A fresh client each time: a resumed session shows no certificate.
+    wait_until(
+        "the new certificate served",
+        Duration::from_secs(10),
+        || {
+            let (_, leaf) =
+                tls_try(node.addr, &pki.client(), "GET", "/ping", "").map_err(|e| e.to_string())?;
+            if leaf == second {
+                Ok(())
+            } else {
+                Err("the old certificate".into())
+            }
+        },
+    );
+    // A bad one is refused, logged, and the current one stays.
+    std::fs::write(
+        &key,
+        "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    node.signal(libc::SIGHUP);
+    wait_until("the refusal logged", Duration::from_secs(10), || {
+        if node
+            .log_text()
+            .contains("TLS certificate refused, keeping the current one")
+        {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    });
+    let (r, leaf) = tls_try(node.addr, &pki.client(), "GET", "/ping", "").unwrap();
+    assert_eq!((r.status, leaf == second), (200, true));
+}
+
+/// What an HTTPS callback target saw: each request's path, sequence
+/// number, and whether its connection resumed an earlier TLS session.
+#[derive(Clone, Debug)]
+struct TlsPop {
+    path: String,
+    sequence: u32,
+    resumed: bool,
+}
+
+/// A small HTTPS callback target: rustls on std threads, one per connection.
+struct TlsSink {
+    addr: SocketAddr,
+    pops: Arc<std::sync::Mutex<Vec<TlsPop>>>,
+    handshakes: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl TlsSink {
+    /// Serve with `cert`/`key`; `close`: answer `Connection: close` and
+    /// close after each request (so every callback needs a new connection).
+    fn start(cert: &str, key: &str, close: bool) -> TlsSink {
+        let chain = CertificateDer::pem_file_iter(cert)
+            .unwrap()
+            .map(|c| c.unwrap())
+            .collect();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .unwrap(),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pops: Arc<std::sync::Mutex<Vec<TlsPop>>> = Default::default();
+        let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (p, h) = (pops.clone(), handshakes.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (config, p, h) = (config.clone(), p.clone(), h.clone());
+                std::thread::spawn(move || serve_tls_sink(stream, config, p, h, close));
+            }
+        });
+        TlsSink {
+            addr,
+            pops,
+            handshakes,
+        }
+    }
+
+    fn uri(&self, path: &str) -> String {
+        format!("https://{}{path}", self.addr)
+    }
+
+    /// Wait for `n` pops from `node` (its log shown on failure).
+    fn wait_for(&self, node: &Node, n: usize, timeout: Duration) -> Vec<TlsPop> {
+        wait_until(&format!("{n} HTTPS pops"), timeout, || {
+            let pops = self.pops.lock().unwrap().clone();
+            if pops.len() >= n {
+                Ok(pops)
+            } else {
+                Err(format!("{} so far; log:\n{}", pops.len(), node.log_text()))
+            }
+        })
+    }
+}
+
+fn serve_tls_sink(
+    stream: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    pops: Arc<std::sync::Mutex<Vec<TlsPop>>>,
+    handshakes: Arc<std::sync::atomic::AtomicUsize>,
+    close: bool,
+) {
+    let conn = rustls::ServerConnection::new(config).unwrap();
+    let mut reader = BufReader::new(StreamOwned::new(conn, stream));
+    let mut counted = false;
+    while let Some((path, headers, _body)) = read_request(&mut reader) {
+        let tls = reader.get_mut();
+        if !counted {
+            handshakes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            counted = true;
+        }
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        pops.lock().unwrap().push(TlsPop {
+            path,
+            sequence: header("x-sequence-number")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(u32::MAX),
+            resumed: tls.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+        });
+        let answer: &[u8] = if close {
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        } else {
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+        };
+        if tls.write_all(answer).and_then(|_| tls.flush()).is_err() {
+            return;
+        }
+        if close {
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+            return;
+        }
+    }
+}
+
+/// A plain node whose callbacks trust `pki`'s CA, logging every failed
+/// callback (debug) with its reason.
+fn start_trusting(pki: &Pki) -> Node {
+    let ca = pki.ca_path();
+    let config = format!("[timers]\ncallback-ca-file = {ca:?}\n");
+    let env = [("RUST_LOG", "info,chronos::callback=debug")];
+    Node::start_env("127.0.0.1", free_port(), &config, &env)
+}
+
+#[test]
+fn https_callbacks_arrive_in_order_with_their_sequence_numbers() {
+    let pki = Pki::new("cb");
+    let (cert, key, _) = pki.issue("target", &["127.0.0.1"]);
+    let sink = TlsSink::start(&cert, &key, false);
+    let node = start_trusting(&pki);
+    node.create(&timer_body("0.05", Some("0.49"), &sink.uri("/cb"), "x"));
+    let pops = sink.wait_for(&node, 9, Duration::from_secs(10));
+    let seqs: Vec<u32> = pops.iter().map(|p| p.sequence).collect();
+    assert_eq!(&seqs[..9], &(1..=9).collect::<Vec<u32>>()[..], "{pops:?}");
+    assert!(pops.iter().all(|p| p.path == "/cb"));
+    // Kept alive: far fewer handshakes than pops.
+    let handshakes = sink.handshakes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        handshakes <= 2,
+        "{handshakes} handshakes for {} pops",
+        pops.len()
+    );
+    wait_until("callbacks counted", Duration::from_secs(5), || {
+        let ok = node.metric("chronos_callbacks_succeeded_total");
+        if ok >= 9.0 {
+            Ok(())
+        } else {
+            Err(format!("{ok}"))
+        }
+    });
+}
+
+#[test]
+fn a_second_https_connection_resumes_the_first_ones_session() {
+    let pki = Pki::new("resume");
+    let (cert, key, _) = pki.issue("target", &["127.0.0.1"]);
+    let sink = TlsSink::start(&cert, &key, true);
+    // One core: one client, one session store.
+    let ca = pki.ca_path();
+    let node = Node::start(&format!(
+        "[runtime]\ncores = 1\n[timers]\ncallback-ca-file = {ca:?}\n"
+    ));
+    node.create(&timer_body("0.1", Some("0.35"), &sink.uri("/r"), "x"));
+    let pops = sink.wait_for(&node, 3, Duration::from_secs(10));
+    assert!(
+        !pops[0].resumed,
+        "the first connection is a full handshake: {pops:?}"
+    );
+    assert!(
+        pops[1..].iter().any(|p| p.resumed),
+        "no later connection resumed: {pops:?}"
+    );
+}
+
+#[test]
+fn an_https_target_with_a_certificate_from_another_ca_fails_its_callbacks_with_the_reason() {
+    let trusted = Pki::new("trusted");
+    let other = Pki::new("untrusted");
+    let (cert, key, _) = other.issue("target", &["127.0.0.1"]);
+    let sink = TlsSink::start(&cert, &key, false);
+    let node = start_trusting(&trusted);
+    node.create(&timer_body("0.05", Some("1"), &sink.uri("/x"), "x"));
+    wait_until("a failed callback", Duration::from_secs(10), || {
+        let failed = node.metric("chronos_callbacks_failed_total");
+        if failed >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{failed}"))
+        }
+    });
+    wait_until("the reason logged", Duration::from_secs(10), || {
+        let log = node.log_text();
+        if log.contains("TLS handshake with 127.0.0.1") && log.contains("UnknownIssuer") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    assert!(
+        sink.pops.lock().unwrap().is_empty(),
+        "nothing reached the untrusted target"
+    );
+    // A name the certificate does not carry fails too (IP SAN 127.0.0.1 only).
+    let (cert2, key2, _) = trusted.issue("elsewhere", &["127.0.0.9"]);
+    let wrong = TlsSink::start(&cert2, &key2, false);
+    node.create(&timer_body("0.05", Some("1"), &wrong.uri("/y"), "y"));
+    wait_until("the name mismatch logged", Duration::from_secs(15), || {
+        let log = node.log_text();
+        if log.contains("not valid for name") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    assert!(wrong.pops.lock().unwrap().is_empty());
+}
+
+/// Start a node on `ip:port` with `config`, waiting for `/ping` over TLS.
+fn start_tls_at(
+    client: &Arc<ClientConfig>,
+    ip: &str,
+    port: u16,
+    config: &str,
+    env: &[(&str, &str)],
+) -> Node {
+    let mut node = Node::spawn_in(None, ip, port, config, env);
+    let addr = node.addr;
+    wait_until("/ping over TLS", Duration::from_secs(20), || {
+        if let Ok(Some(status)) = node.child.try_wait() {
+            panic!(
+                "chronos exited ({status}) at start; log:\n{}",
+                node.log_text()
+            );
+        }
+        match tls_try(addr, client, "GET", "/ping", "") {
+            Ok((r, _)) if r.status == 200 => Ok(()),
+            Ok((r, _)) => Err(format!("{}", r.status)),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    node
+}
+
+/// Node `i` of an `n`-node TLS cluster on 127.0.0.1..=n: its certificate
+/// (IP SAN) from `own`, peers verified against `trusted`'s CA; `mutual`:
+/// it presents its certificate to its peers too.
+fn tls_node_config(
+    own: &Pki,
+    trusted: &Pki,
+    n: usize,
+    i: usize,
+    port: u16,
+    mutual: bool,
+) -> String {
+    let ip = format!("127.0.0.{i}");
+    let (cert, key, _) = own.issue(&format!("node{i}"), &[&ip]);
+    let ca = trusted.ca_path();
+    let client = match mutual {
+        true => format!("tls-client-certificate = {cert:?}\ntls-client-private-key = {key:?}\n"),
+        false => String::new(),
+    };
+    let extra = format!(
+        "tls = true\ntls-ca-file = {ca:?}\n{client}[http]\ntls-certificate = {cert:?}\ntls-private-key = {key:?}\n"
+    );
+    cluster_config(n, i, port, 1, &extra)
+}
+
+fn cluster_body(interval: &str, uri: &str, factor: u32) -> String {
+    format!(
+        r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"{uri}","opaque":"x"}}}},"reliability":{{"replication-factor":{factor}}}}}"#
+    )
+}
+
+#[test]
+fn a_mutual_tls_cluster_replicates_and_a_replica_pops_after_the_first_node_is_killed() {
+    let pki = Pki::new("cluster");
+    let client = pki.client();
+    let port = cluster_port(3);
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|i| {
+            let config = tls_node_config(&pki, &pki, 3, i, port, true);
+            start_tls_at(&client, &format!("127.0.0.{i}"), port, &config, &[])
+        })
+        .collect();
+    let sink = Sink::start(Behaviour::Ok);
+    let n = 20;
+    for i in 0..n {
+        let body = cluster_body("3", &sink.uri(&format!("/k/{i}")), 2);
+        let r = tls_request(nodes[0].addr, &client, "POST", "/timers", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let first = nodes[0].addr;
+    wait_until(
+        "replication settled over TLS",
+        Duration::from_secs(10),
+        || {
+            let queued = metric(first, &client, "chronos_replication_enqueued_total");
+            let sent = metric(first, &client, "chronos_replication_sent_total");
+            let failed = metric(first, &client, "chronos_replication_failed_total");
+            assert_eq!(failed, 0.0, "{}", nodes[0].log_text());
+            if queued >= n as f64 && sent >= queued {
+                Ok(())
+            } else {
+                Err(format!("{sent} of {queued}"))
+            }
+        },
+    );
+    // A client without a certificate is refused the internal routes.
+    let forged = tls_request(
+        nodes[1].addr,
+        &client,
+        "GET",
+        "/timers?node-for-replicas=127.0.0.9:1",
+        "",
+    );
+    assert_eq!(forged.status, 403, "{}", forged.text());
+    nodes[0].kill9();
+    let pops = sink.wait_for(n, Duration::from_secs(3 + 2 + 6));
+    let mut paths: Vec<String> = pops.iter().map(|p| p.path.clone()).collect();
+    paths.sort();
+    paths.dedup();
+    assert_eq!(paths.len(), n, "every timer pops from a replica: {paths:?}");
+}
+
+#[test]
+fn a_peer_with_a_certificate_from_another_ca_gets_no_replication() {
+    let good = Pki::new("peer-good");
+    let bad = Pki::new("peer-bad");
+    let port = cluster_port(2);
+    let env = [("RUST_LOG", "info,chronos::replication=debug")];
+    let first = tls_node_config(&good, &good, 2, 1, port, false);
+    let second = tls_node_config(&bad, &good, 2, 2, port, false);
+    let n1 = start_tls_at(&good.client(), "127.0.0.1", port, &first, &env);
+    let n2 = start_tls_at(&bad.client(), "127.0.0.2", port, &second, &env);
+    let sink = Sink::start(Behaviour::Ok);
+    for i in 0..5 {
+        let body = cluster_body("30", &sink.uri(&format!("/p/{i}")), 2);
+        let r = tls_request(n1.addr, &good.client(), "POST", "/timers", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    wait_until("the refusal logged", Duration::from_secs(15), || {
+        let log = n1.log_text();
+        if log.contains("TLS handshake with 127.0.0.2") && log.contains("UnknownIssuer") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    let (queued, sent) = (
+        metric(
+            n1.addr,
+            &good.client(),
+            "chronos_replication_enqueued_total",
+        ),
+        metric(n1.addr, &good.client(), "chronos_replication_sent_total"),
+    );
+    assert!(queued >= 5.0 && sent == 0.0, "queued {queued}, sent {sent}");
+    assert!(metric(n1.addr, &good.client(), "chronos_replication_retried_total") >= 1.0);
+    assert_eq!(
+        metric(n2.addr, &bad.client(), "chronos_replication_received_total"),
+        0.0
+    );
+}
+
+#[test]
+fn cluster_tls_without_a_listener_certificate_is_refused_at_start() {
+    let pki = Pki::new("half");
+    let ca = pki.ca_path();
+    let mut node = Node::spawn_in(
+        None,
+        "127.0.0.1",
+        free_port(),
+        &format!("[cluster]\ntls = true\ntls-ca-file = {ca:?}\n"),
+        &[],
+    );
+    let status = node
+        .wait_exit(Duration::from_secs(20))
+        .expect("the start fails");
+    let log = node.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("[cluster] tls = true needs [http] tls-certificate"),
+        "{log}"
+    );
+}
