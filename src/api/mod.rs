@@ -228,6 +228,9 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
     match req.method {
         Method::Post if !shard.admit_client() => overloaded(out, close),
         Method::Post => match spec::parse(req.body, uri::check) {
+            // The replication form may leave the callback out (a
+            // tombstone); a POST creates a timer, which needs one.
+            Ok(s) if s.is_tombstone() => error(out, 400, POST_NEEDS_CALLBACK, close),
             Ok(s) => {
                 let started = Instant::now();
                 if let Err(reason) = guard_admits(shard, &s).await {
@@ -276,6 +279,9 @@ async fn guard_admits(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<(), Stri
     let limit = Duration::from_millis(shard.resolved.config.timers.callback_timeout_ms);
     guard.check_host(target.host, target.port, limit).await
 }
+
+/// Why a `POST` with an empty callback got `400`.
+const POST_NEEDS_CALLBACK: &str = "callback must contain an \"http\" object with a uri: a POST creates a timer (an empty callback is a replication tombstone, sent by PUT)";
 
 /// `POST /timers` with `[storage]`: answered once the timer is durable.
 async fn create_durable(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<TimerId, OpError> {

@@ -325,6 +325,47 @@ mod tests {
         assert!(g.decide("127.0.0.1", ip("127.0.0.1")).is_err());
     }
 
+    /// The production setting the README, chronos.sample.toml and the
+    /// packaged config recommend.
+    #[test]
+    fn the_recommended_list_keeps_callbacks_out_of_local_networks() {
+        let g = guard(&[
+            "!127.0.0.0/8",
+            "!::1",
+            "!169.254.0.0/16",
+            "!fe80::/10",
+            "!10.0.0.0/8",
+            "!172.16.0.0/12",
+            "!192.168.0.0/16",
+            "!fc00::/7",
+            "!0.0.0.0/8",
+            "!::/128",
+            "!100.64.0.0/10",
+            "0.0.0.0/0",
+            "::/0",
+        ]);
+        for refused in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "10.1.2.3",
+            "172.31.255.255",
+            "192.168.1.1",
+            "0.0.0.0",
+            "100.64.0.1",
+            "::1",
+            "::",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(g.decide("h", ip(refused)).is_err(), "{refused}");
+        }
+        for allowed in ["8.8.8.8", "172.32.0.1", "2001:4860::8888"] {
+            assert!(g.decide("h", ip(allowed)).is_ok(), "{allowed}");
+        }
+    }
+
     #[test]
     fn bad_rules_are_named() {
         for (rule, why) in [

@@ -35,16 +35,18 @@ fn scheme(uri: &str) -> Option<(bool, &str)> {
 pub fn parse(uri: &str) -> Result<Target<'_>, String> {
     let (tls, rest) =
         scheme(uri).ok_or_else(|| format!("{uri:?} must be an http:// or https:// URI"))?;
+    // The authority is sent as the callback's `Host` header and the path
+    // in its request line: a space or a control character (CR LF) would
+    // let a client add headers of its own, and a URI is ASCII (RFC 3986;
+    // a raw UTF-8 byte makes a request line no target takes).
+    if rest.bytes().any(|b| b <= b' ' || b >= 0x7f) {
+        return Err(format!(
+            "{uri:?} contains spaces, control characters or non-ASCII (percent-encode them)"
+        ));
+    }
     let split = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, path) = rest.split_at(split);
     let path = if path.is_empty() { "/" } else { path };
-    // The authority is sent as the callback's `Host` header: a space or a
-    // control character (CR LF) would let a client add headers of its own.
-    if authority.bytes().any(|b| b <= b' ' || b == 0x7f) {
-        return Err(format!(
-            "{uri:?} has spaces or control characters in its host"
-        ));
-    }
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let end = v6
             .find(']')
@@ -76,11 +78,6 @@ pub fn parse(uri: &str) -> Result<Target<'_>, String> {
             .filter(|p| *p != 0)
             .ok_or_else(|| format!("{uri:?} has a bad port"))?,
     };
-    if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
-        return Err(format!(
-            "callback.http.uri {uri:?} contains spaces or control characters"
-        ));
-    }
     Ok(Target {
         host,
         port,
@@ -159,6 +156,8 @@ mod tests {
             "http://[::1]\r\nX-A: b/",
             "http://a\r\nX-A: b:80/",
             "http://a b/",
+            "http://h/caf\u{e9}",
+            "http://h\u{e9}/",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }

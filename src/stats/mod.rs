@@ -5,8 +5,13 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
-/// Upper bounds (ms) of the callback latency histogram buckets.
-pub const LATENCY_BUCKETS_MS: [u64; 12] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000];
+/// Bounds (µs) of the latency histograms that are not an operator's
+/// first look (callback latency, the delay queue, storage): 1 ms to 5 s,
+/// about what a callback, a Postgres statement or an fdatasync takes.
+pub const LATENCY_BOUNDS_US: [u64; 12] = [
+    1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_000_000,
+    5_000_000,
+];
 
 /// Remote site slots counted per shard (at least `cluster::sites::SITES_MAX - 1`).
 pub const SITE_SLOTS: usize = 8;
@@ -194,28 +199,22 @@ macro_rules! counters {
             pub site_counts: [[AtomicU64; SITE_SLOTS]; SITE_COUNTS.len()],
             /// Queue input messages rejected (skipped), by [`REJECT_REASONS`].
             pub queue_rejected: [AtomicU64; REJECT_REASONS.len()],
-            /// Callback latency histogram (cumulative buckets are built at render).
-            pub callback_latency: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
-            pub callback_latency_sum_us: AtomicU64,
+            /// Callback latency ([`LATENCY_BOUNDS_US`], as the ones below).
+            pub callback_latency: Histogram,
             /// Queue lateness (publish acknowledged minus deadline) histogram.
-            pub queue_lateness: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
-            pub queue_lateness_sum_us: AtomicU64,
+            pub queue_lateness: Histogram,
             /// Queue stage histograms, by [`QUEUE_STAGES`].
-            pub queue_stage: [[AtomicU64; LATENCY_BUCKETS_MS.len() + 1]; QUEUE_STAGES.len()],
-            pub queue_stage_sum_us: [AtomicU64; QUEUE_STAGES.len()],
+            pub queue_stage: [Histogram; QUEUE_STAGES.len()],
             /// Postgres statement latency histogram (per batch).
-            pub pg_batch: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
-            pub pg_batch_sum_us: AtomicU64,
+            pub pg_batch: Histogram,
             /// `[storage]`: `fdatasync` latency histogram.
-            pub storage_sync: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
-            pub storage_sync_sum_us: AtomicU64,
+            pub storage_sync: Histogram,
             /// `[storage]`: log bytes since the last snapshot.
             pub storage_log_bytes: AtomicI64,
             /// `[storage]`: wall-clock ms of the last snapshot (0: none yet).
             pub storage_snapshot_unix_ms: AtomicI64,
             /// `[storage]`: snapshot duration histogram.
-            pub storage_snapshot: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
-            pub storage_snapshot_sum_us: AtomicU64,
+            pub storage_snapshot: Histogram,
             /// `[storage]`: the shard is replaying its log (not ready).
             pub recovering: std::sync::atomic::AtomicBool,
             /// A pop's due time until its callback's first byte was
@@ -294,50 +293,33 @@ impl ShardStats {
         counter.fetch_add(n, Relaxed);
     }
 
-    fn bucket_of(us: u64) -> usize {
-        let ms = us / 1000;
-        LATENCY_BUCKETS_MS
-            .iter()
-            .position(|b| ms < *b)
-            .unwrap_or(LATENCY_BUCKETS_MS.len())
-    }
-
     pub fn record_callback_latency(&self, us: u64) {
-        self.callback_latency[Self::bucket_of(us)].fetch_add(1, Relaxed);
-        self.callback_latency_sum_us.fetch_add(us, Relaxed);
+        self.callback_latency.record(&LATENCY_BOUNDS_US, us);
     }
 
     /// Lateness of a fired queue message (early counts as 0).
     pub fn record_queue_lateness(&self, us: i64) {
-        let us = us.max(0) as u64;
-        self.queue_lateness[Self::bucket_of(us)].fetch_add(1, Relaxed);
-        self.queue_lateness_sum_us.fetch_add(us, Relaxed);
+        self.queue_lateness
+            .record(&LATENCY_BOUNDS_US, us.max(0) as u64);
     }
 
     pub fn record_storage_sync(&self, took: std::time::Duration) {
-        let us = took.as_micros() as u64;
-        self.storage_sync[Self::bucket_of(us)].fetch_add(1, Relaxed);
-        self.storage_sync_sum_us.fetch_add(us, Relaxed);
+        self.storage_sync.record_duration(&LATENCY_BOUNDS_US, took);
     }
 
     pub fn record_storage_snapshot(&self, took: std::time::Duration) {
-        let us = took.as_micros() as u64;
-        self.storage_snapshot[Self::bucket_of(us)].fetch_add(1, Relaxed);
-        self.storage_snapshot_sum_us.fetch_add(us, Relaxed);
+        self.storage_snapshot
+            .record_duration(&LATENCY_BOUNDS_US, took);
     }
 
     /// One observation of queue stage `stage` ([`QUEUE_STAGES`]).
     pub fn record_queue_stage(&self, stage: usize, took: std::time::Duration) {
         assert!(stage < QUEUE_STAGES.len(), "queue stage {stage}");
-        let us = took.as_micros().min(u64::MAX as u128) as u64;
-        self.queue_stage[stage][Self::bucket_of(us)].fetch_add(1, Relaxed);
-        self.queue_stage_sum_us[stage].fetch_add(us, Relaxed);
+        self.queue_stage[stage].record_duration(&LATENCY_BOUNDS_US, took);
     }
 
     pub fn record_pg_batch(&self, took: std::time::Duration) {
-        let us = took.as_micros() as u64;
-        self.pg_batch[Self::bucket_of(us)].fetch_add(1, Relaxed);
-        self.pg_batch_sum_us.fetch_add(us, Relaxed);
+        self.pg_batch.record_duration(&LATENCY_BOUNDS_US, took);
     }
 }
 
@@ -463,14 +445,14 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
         shards,
         "chronos_callback_latency_seconds",
         "Time from sending a callback to its answer.",
-        |s| (&s.callback_latency, &s.callback_latency_sum_us),
+        |s| &s.callback_latency,
     );
     histogram(
         out,
         shards,
         "chronos_queue_lateness_seconds",
         "Queue messages: publish acknowledged minus deadline.",
-        |s| (&s.queue_lateness, &s.queue_lateness_sum_us),
+        |s| &s.queue_lateness,
     );
     queue_stages(out, shards);
     storage_metrics(out, shards);
@@ -543,11 +525,18 @@ fn series<'a>(
         let le = bounds
             .get(i)
             .map_or("+Inf".to_string(), |b| (*b as f64 / 1e6).to_string());
-        let _ = writeln!(out, "{name}_bucket{{{label},le=\"{le}\"}} {cumulative}");
+        let sep = if label.is_empty() { "" } else { "," };
+        let _ = writeln!(out, "{name}_bucket{{{label}{sep}le=\"{le}\"}} {cumulative}");
     }
+    // No braces without a label: `name_sum 1.5`, as Prometheus writes it.
+    let label = if label.is_empty() {
+        String::new()
+    } else {
+        format!("{{{label}}}")
+    };
     let _ = writeln!(
         out,
-        "{name}_sum{{{label}}} {}\n{name}_count{{{label}}} {cumulative}",
+        "{name}_sum{label} {}\n{name}_count{label} {cumulative}",
         sum_us as f64 / 1e6
     );
 }
@@ -559,7 +548,7 @@ fn storage_metrics(out: &mut String, shards: &[ShardStats]) {
         shards,
         "chronos_storage_sync_seconds",
         "Timer log: latency of one fdatasync (a write batch).",
-        |s| (&s.storage_sync, &s.storage_sync_sum_us),
+        |s| &s.storage_sync,
     );
     let log: i64 = shards
         .iter()
@@ -581,11 +570,9 @@ fn storage_metrics(out: &mut String, shards: &[ShardStats]) {
         shards,
         "chronos_storage_snapshot_duration_seconds",
         "Timer log: how long a snapshot took to write (compaction).",
-        |s| (&s.storage_snapshot, &s.storage_snapshot_sum_us),
+        |s| &s.storage_snapshot,
     );
 }
-
-type Buckets = [AtomicU64; LATENCY_BUCKETS_MS.len() + 1];
 
 /// The Postgres statement histogram, and `chronos_queue_stage_seconds{stage}`:
 /// one histogram per queue stage.
@@ -595,68 +582,54 @@ fn queue_stages(out: &mut String, shards: &[ShardStats]) {
         shards,
         "chronos_queue_pg_batch_seconds",
         "Queue: latency of one batched Postgres statement.",
-        |s| (&s.pg_batch, &s.pg_batch_sum_us),
+        |s| &s.pg_batch,
     );
     let name = "chronos_queue_stage_seconds";
     let _ = writeln!(out, "# HELP {name} Queue: time per stage (see the README's delay queue section).\n# TYPE {name} histogram");
     for (k, stage) in QUEUE_STAGES.iter().enumerate() {
-        let mut cumulative = 0u64;
-        for i in 0..=LATENCY_BUCKETS_MS.len() {
-            cumulative += shards
-                .iter()
-                .map(|s| s.queue_stage[k][i].load(Relaxed))
-                .sum::<u64>();
-            let le = LATENCY_BUCKETS_MS
-                .get(i)
-                .map_or("+Inf".to_string(), |b| (*b as f64 / 1000.0).to_string());
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{stage=\"{stage}\",le=\"{le}\"}} {cumulative}"
-            );
-        }
-        let sum_us: u64 = shards
-            .iter()
-            .map(|s| s.queue_stage_sum_us[k].load(Relaxed))
-            .sum();
-        let _ = writeln!(
-            out,
-            "{name}_sum{{stage=\"{stage}\"}} {}\n{name}_count{{stage=\"{stage}\"}} {cumulative}",
-            sum_us as f64 / 1e6
-        );
+        let label = format!("stage=\"{stage}\"");
+        let each = shards.iter().map(|s| &s.queue_stage[k]);
+        series(out, name, &label, &LATENCY_BOUNDS_US, each);
     }
 }
 
+/// An unlabelled histogram over [`LATENCY_BOUNDS_US`], summed over the shards.
 fn histogram(
     out: &mut String,
     shards: &[ShardStats],
     name: &str,
     help: &str,
-    pick: impl Fn(&ShardStats) -> (&Buckets, &AtomicU64),
+    pick: impl Fn(&ShardStats) -> &Histogram,
 ) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-    let mut cumulative = 0u64;
-    for i in 0..=LATENCY_BUCKETS_MS.len() {
-        cumulative += shards
-            .iter()
-            .map(|s| pick(s).0[i].load(Relaxed))
-            .sum::<u64>();
-        match LATENCY_BUCKETS_MS.get(i) {
-            Some(bound) => {
-                let _ = writeln!(
-                    out,
-                    "{name}_bucket{{le=\"{}\"}} {cumulative}",
-                    *bound as f64 / 1000.0
-                );
-            }
-            None => {
-                let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-            }
+    series(out, name, "", &LATENCY_BOUNDS_US, shards.iter().map(pick));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_counts_by_le_and_renders_cumulative_buckets() {
+        let bounds = [10, 100];
+        let (a, b) = (Histogram::default(), Histogram::default());
+        for us in [0, 10, 11, 100, 101, 5_000] {
+            a.record(&bounds, us);
         }
+        b.record(&bounds, 50);
+        let mut out = String::new();
+        series(&mut out, "x_seconds", "k=\"v\"", &bounds, [&a, &b]);
+        assert_eq!(
+            out,
+            "x_seconds_bucket{k=\"v\",le=\"0.00001\"} 2\n\
+             x_seconds_bucket{k=\"v\",le=\"0.0001\"} 5\n\
+             x_seconds_bucket{k=\"v\",le=\"+Inf\"} 7\n\
+             x_seconds_sum{k=\"v\"} 0.005272\n\
+             x_seconds_count{k=\"v\"} 7\n"
+        );
+        let mut out = String::new();
+        series(&mut out, "y", "", &bounds, [&b]);
+        assert!(out.starts_with("y_bucket{le=\"0.00001\"} 0\n"), "{out}");
+        assert!(out.ends_with("y_sum 0.00005\ny_count 1\n"), "{out}");
     }
-    let sum_us: u64 = shards.iter().map(|s| pick(s).1.load(Relaxed)).sum();
-    let _ = writeln!(
-        out,
-        "{name}_sum {}\n{name}_count {cumulative}",
-        sum_us as f64 / 1e6
-    );
 }

@@ -234,6 +234,9 @@ fn positive(v: &serde_json::Value) -> Option<u64> {
     }
 }
 
+/// The longest interval or repeat-for, in seconds: `u32::MAX` ms.
+const SECONDS_MAX: f64 = 4_294_967.295;
+
 /// Seconds (integer or fractional) to whole milliseconds, never rounding a
 /// value down below what was asked.
 fn seconds_to_ms(field: &str, value: &serde_json::Value) -> Result<u32, String> {
@@ -245,13 +248,21 @@ fn seconds_to_ms(field: &str, value: &serde_json::Value) -> Result<u32, String> 
         return u
             .checked_mul(1000)
             .and_then(|ms| u32::try_from(ms).ok())
-            .ok_or_else(|| format!("{field} is too large (at most {} s)", u32::MAX / 1000));
+            .ok_or_else(|| format!("{field} is too large (at most {} s)", seconds(u32::MAX)));
     }
     let secs = n
         .as_f64()
         .ok_or_else(|| format!("{field} must be a number of seconds"))?;
     if secs < 0.0 {
         return Err(format!("{field} must not be negative"));
+    }
+    // u32::MAX ms, compared in seconds as the description's `maximum` is
+    // (the rounding below took 4294967.295000001 s for 2^32 - 1 ms).
+    if secs > SECONDS_MAX {
+        return Err(format!(
+            "{field} is too large (at most {} s)",
+            seconds(u32::MAX)
+        ));
     }
     let ms = secs * 1000.0;
     let nearest = ms.round();
@@ -268,7 +279,7 @@ fn seconds_to_ms(field: &str, value: &serde_json::Value) -> Result<u32, String> 
     if ms > u32::MAX as f64 {
         return Err(format!(
             "{field} is too large (at most {} s)",
-            u32::MAX / 1000
+            seconds(u32::MAX)
         ));
     }
     Ok(ms as u32)
@@ -361,6 +372,17 @@ fn parse_replication<'a>(
     else {
         return Ok(None);
     };
+    // An empty list is never a replication body, whatever `sites` says
+    // (nodes leave an empty list out; `"replicas": [], "sites": []` used
+    // to pass as a cross-site body with no site).
+    if replicas
+        .as_ref()
+        .is_some_and(|r| r.is_empty() || r.len() > REPLICAS_MAX)
+    {
+        return Err(format!(
+            "reliability.replicas must list 1 to {REPLICAS_MAX} nodes"
+        ));
+    }
     // A body from another site (GR) names `sites` but no `replicas`: the
     // receiving site places it among its own nodes.
     let none = Vec::new();
@@ -369,14 +391,6 @@ fn parse_replication<'a>(
         (None, Some(s)) if !s.is_empty() => &none,
         (None, _) => return Ok(None),
     };
-    // Only a non-empty `sites` makes a body without replicas a cross-site
-    // one (`"sites": []` beside `"replicas": []` used to pass as one).
-    let no_sites = sites.as_ref().is_none_or(|s| s.is_empty());
-    if (replicas.is_empty() && no_sites) || replicas.len() > REPLICAS_MAX {
-        return Err(format!(
-            "reliability.replicas must list 1 to {REPLICAS_MAX} nodes"
-        ));
-    }
     if sites.as_ref().is_some_and(|s| s.len() > SITES_LISTED_MAX) {
         return Err(format!(
             "reliability.sites lists more than {SITES_LISTED_MAX} sites"
@@ -512,6 +526,7 @@ mod tests {
             ("0", 0),
             ("5e-324", 1),
             ("0.0000001", 1),
+            ("4294967.295", u32::MAX),
         ];
         for (text, ms) in table {
             let body = format!(
@@ -548,6 +563,20 @@ mod tests {
         assert!(parse_test(big.as_bytes())
             .unwrap_err()
             .contains("not an integer in range"));
+    }
+
+    #[test]
+    fn seconds_beyond_u32_ms_are_refused_naming_the_bound() {
+        for interval in ["4294967.296", "4294967.295000001", "4294968"] {
+            let body = format!(
+                r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"http://a/"}}}}}}"#
+            );
+            let err = parse_test(body.as_bytes()).expect_err(interval);
+            assert!(
+                err.contains("timing.interval is too large (at most 4294967.295 s)"),
+                "{interval}: {err}"
+            );
+        }
     }
 
     #[test]
