@@ -6,6 +6,8 @@
 //!                    [--preload 0] [--replication-factor 2] [--name NAME] [--out-dir perf/results]
 //!                    [--due-lead-ms 0 --due-window-ms 1000]   (a burst: all due in one window)
 //!                    [--callback-to ip:port]   (callbacks to an outside target, e.g. nginx)
+//!                    [--callback-scheme http|https]   (https: the target speaks TLS; give the
+//!                     nodes its CA with --extra-config, `[timers] callback-ca-file`)
 //! chronos-perf queue [--brokers host:port] [--postgres-url URL] [--rate 5000]
 //!                    [--duration-s 10] [--delay-ms 3000] [--partitions 2] [--cores 2] [--name NAME]
 //! chronos-perf soak  [--duration-s 60] [--rate 200] [--seed N] [--cores 1]
@@ -430,6 +432,7 @@ fn read_response(reader: &mut BufReader<TcpStream>, line: &mut String) -> Result
 }
 
 fn post(
+    scheme: &str,
     item: u64,
     interval_ms: u64,
     pops: u64,
@@ -438,7 +441,7 @@ fn post(
     host: SocketAddr,
 ) -> Vec<u8> {
     let body = format!(
-        r#"{{"timing":{{"interval":{},"repeat-for":{}}},"callback":{{"http":{{"uri":"http://{sink}/p/{item}","opaque":"perf"}}}},"reliability":{{"replication-factor":{rf}}}}}"#,
+        r#"{{"timing":{{"interval":{},"repeat-for":{}}},"callback":{{"http":{{"uri":"{scheme}://{sink}/p/{item}","opaque":"perf"}}}},"reliability":{{"replication-factor":{rf}}}}}"#,
         seconds(interval_ms),
         seconds(interval_ms * pops)
     );
@@ -502,6 +505,15 @@ fn http_mode(a: &Args) -> Result<(), String> {
         None => None,
     };
     let sink_addr = callback_to.unwrap_or(sink.addr);
+    let scheme: &'static str = match a.str("callback-scheme", "http").as_str() {
+        "http" => "http",
+        "https" if callback_to.is_some() => "https",
+        other => {
+            return Err(format!(
+                "--callback-scheme {other:?}: http, or https with --callback-to"
+            ))
+        }
+    };
     let noise = Noise::start();
     // Preload: long timers that stay pending through the run.
     if preload > 0 {
@@ -522,7 +534,7 @@ fn http_mode(a: &Args) -> Result<(), String> {
                         let batch = (per - done).min(64);
                         let mut buf = Vec::new();
                         for _ in 0..batch {
-                            buf.extend(post(u64::MAX - 1, 3_600_000, 1, rf, sink, target));
+                            buf.extend(post(scheme, u64::MAX - 1, 3_600_000, 1, rf, sink, target));
                         }
                         w.write_all(&buf).map_err(|e| e.to_string())?;
                         for _ in 0..batch {
@@ -585,7 +597,7 @@ fn http_mode(a: &Args) -> Result<(), String> {
                             started_us + due_lead_ms * 1000 + item * due_window_ms * 1000 / count;
                         interval = (due_us.saturating_sub(now_us()) / 1000).max(1);
                     }
-                    let req = post(item, interval, pops, 1.max(rf), sink, target);
+                    let req = post(scheme, item, interval, pops, 1.max(rf), sink, target);
                     let sent = now_us();
                     w.write_all(&req).map_err(|e| e.to_string())?;
                     let status = read_response(&mut r, &mut line)?;

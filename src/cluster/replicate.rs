@@ -695,6 +695,9 @@ impl Sender {
             Ok(()) => (backoff_ms * 2).clamp(BACKOFF_MS_MIN, BACKOFF_MS_MAX),
             Err(e) => {
                 tracing::debug!(target: "chronos::replication", "to {}: {retry} messages to retry: {e}", peer.address);
+                if e.starts_with("TLS handshake") {
+                    log_tls_refused(&peer.address, retry, &e);
+                }
                 (backoff_ms * 2).clamp(BACKOFF_MS_MIN, BACKOFF_MS_MAX)
             }
         }
@@ -775,6 +778,29 @@ fn log_forbidden(address: &str, n: usize) {
             q => format!(" (and {q} more batches so since the last such line)"),
         };
         tracing::warn!(target: "chronos::replication", "to {address}: {n} messages refused with 403, shared-secret mismatch: this node's [cluster] shared-secret differs from the peer's; given up, not retried{more}");
+    });
+}
+
+thread_local! {
+    /// This shard's "TLS handshake failed" line.
+    static TLS_LOGGED: crate::runtime::loglimit::LogLimit = const { Cell::new((None, 0)) };
+}
+
+/// A peer's TLS handshake failed (its certificate does not verify against
+/// `[cluster] tls-ca-file`, or it does not speak TLS): a configuration
+/// error that nothing else shows at warn. At most once per
+/// [`FORBIDDEN_LOG_EVERY`] per shard; the messages stay queued.
+fn log_tls_refused(address: &str, n: usize, reason: &str) {
+    TLS_LOGGED.with(|limit| {
+        let now = std::time::Instant::now();
+        let Some(quiet) = crate::runtime::loglimit::log_due(limit, now, FORBIDDEN_LOG_EVERY) else {
+            return;
+        };
+        let more = match quiet {
+            0 => String::new(),
+            q => format!(" (and {q} more batches so since the last such line)"),
+        };
+        tracing::warn!(target: "chronos::replication", "to {address}: {n} messages not delivered, retried: {reason}{more}");
     });
 }
 
