@@ -233,8 +233,8 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
             Ok(s) if s.is_tombstone() => error(out, 400, POST_NEEDS_CALLBACK, close),
             Ok(s) => {
                 let started = Instant::now();
-                if let Err(reason) = guard_admits(shard, &s).await {
-                    return error(out, 400, &reason, close);
+                if let Err((status, reason)) = guard_admits(shard, &s).await {
+                    return error(out, status, &reason, close);
                 }
                 let result = create_durable(shard, &s).await;
                 shard.record_latency(started.elapsed().as_micros() as u64);
@@ -266,16 +266,17 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
 /// `[timers] callback-allow` for a client's `POST` or `PUT`: every address
 /// the callback's host stands for must be allowed (a name is resolved
 /// off the shard's thread, within `callback-timeout-ms`). `Err` is the
-/// `400`'s reason: the rule that refused, or that none matched, or that
-/// the name did not resolve in time. Without a list, nothing is done.
+/// status and reason: `400` the rule that refused, or that none matched,
+/// or that the name did not resolve in time; `503` too many names being
+/// resolved on this shard. Without a list, nothing is done.
 /// Timers from other nodes are not checked here: their callbacks meet
 /// this node's list when they pop (the client checks every callback's
 /// address).
-async fn guard_admits(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<(), String> {
+async fn guard_admits(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<(), (u16, String)> {
     let Some(guard) = shard.guard() else {
         return Ok(());
     };
-    let target = uri::parse(&s.uri)?;
+    let target = uri::parse(&s.uri).map_err(|e| (400, e))?;
     let limit = Duration::from_millis(shard.resolved.config.timers.callback_timeout_ms);
     guard.check_host(target.host, target.port, limit).await
 }
@@ -336,8 +337,8 @@ async fn timer(
             Ok(_) if !shard.admit_client() => overloaded(out, close),
             Ok(s) => {
                 let started = Instant::now();
-                if let Err(reason) = guard_admits(shard, &s).await {
-                    return error(out, 400, &reason, close);
+                if let Err((status, reason)) = guard_admits(shard, &s).await {
+                    return error(out, status, &reason, close);
                 }
                 let result = shard.client_update(id, s).await;
                 shard.record_latency(started.elapsed().as_micros() as u64);

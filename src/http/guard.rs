@@ -20,6 +20,8 @@
 
 use futures_lite::future;
 use std::net::{IpAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a rule matches.
@@ -114,44 +116,141 @@ impl Guard {
 
     /// The create-time check: every address `host` stands for must pass
     /// [`Guard::decide`]. A name is resolved off the shard's thread, within
-    /// `limit`; one that does not resolve in time, or at all, is refused.
-    pub async fn check_host(&self, host: &str, port: u16, limit: Duration) -> Result<(), String> {
+    /// `limit`; one that does not resolve in time, or at all, is refused
+    /// (`400`). A name resolved in the last [`NAME_TTL`] is not looked up
+    /// again. At most [`LOOKUPS_IN_FLIGHT_MAX`] look-ups run per shard
+    /// (each on a thread of its own; one given up at `limit` runs on until
+    /// the resolver returns); past it the request gets `503`. On the
+    /// executor's one blocking thread, with no bound, names that resolve
+    /// slowly queued minutes of look-ups ahead of every other client's
+    /// (the review's reproduction).
+    pub async fn check_host(
+        &self,
+        host: &str,
+        port: u16,
+        limit: Duration,
+    ) -> Result<(), (u16, String)> {
         let bare = bare_host(host);
         if let Ok(ip) = bare.parse::<IpAddr>() {
-            return self.decide(host, ip);
+            return self.decide(host, ip).map_err(|e| (400, e));
         }
-        let addresses = resolve_all(bare, port, limit).await?;
+        let addresses = match cached(bare) {
+            Some(addresses) => addresses,
+            None => {
+                let addresses = resolve_all(bare, port, limit).await?;
+                remember(bare, &addresses);
+                addresses
+            }
+        };
         for ip in addresses {
-            self.decide(host, ip)?;
+            self.decide(host, ip).map_err(|e| (400, e))?;
         }
         Ok(())
     }
 }
 
+/// How long a name's addresses are reused by the create-time check (the
+/// connect-time check looks at the address actually used, so a stale entry
+/// cannot let a callback through).
+pub const NAME_TTL: Duration = Duration::from_secs(30);
+/// Names remembered per shard (the table is emptied when full).
+const NAMES_MAX: usize = 4096;
+/// Name look-ups running per shard for the create-time check.
+pub const LOOKUPS_IN_FLIGHT_MAX: usize = 8;
+
+/// A name's addresses and when they were looked up.
+type Resolved = (Vec<IpAddr>, std::time::Instant);
+
+thread_local! {
+    /// This shard's remembered names (the guard runs on shard threads).
+    static NAMES: std::cell::RefCell<std::collections::HashMap<String, Resolved>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+    /// This shard's look-ups still running; decremented by the look-up's
+    /// thread when the resolver returns, however long after the caller
+    /// gave up.
+    static LOOKUPS: Arc<AtomicUsize> = Arc::new(AtomicUsize::new(0));
+}
+
+fn cached(name: &str) -> Option<Vec<IpAddr>> {
+    NAMES.with(|n| {
+        n.borrow()
+            .get(name)
+            .filter(|(_, at)| at.elapsed() < NAME_TTL)
+            .map(|(a, _)| a.clone())
+    })
+}
+
+fn remember(name: &str, addresses: &[IpAddr]) {
+    NAMES.with(|n| {
+        let mut n = n.borrow_mut();
+        if n.len() >= NAMES_MAX {
+            n.clear();
+        }
+        n.insert(
+            name.to_string(),
+            (addresses.to_vec(), std::time::Instant::now()),
+        );
+    });
+}
+
 /// Every address of `host` (at most [`ADDRESSES_MAX`]), resolved on a
-/// blocking thread within `limit`.
-async fn resolve_all(host: &str, port: u16, limit: Duration) -> Result<Vec<IpAddr>, String> {
+/// thread of its own within `limit`; `503` when this shard already has
+/// [`LOOKUPS_IN_FLIGHT_MAX`] look-ups running.
+async fn resolve_all(host: &str, port: u16, limit: Duration) -> Result<Vec<IpAddr>, (u16, String)> {
+    let running = LOOKUPS.with(Arc::clone);
+    if running.fetch_add(1, Ordering::Relaxed) >= LOOKUPS_IN_FLIGHT_MAX {
+        running.fetch_sub(1, Ordering::Relaxed);
+        return Err((
+            503,
+            format!(
+                "callback host {host}: {LOOKUPS_IN_FLIGHT_MAX} callback host names are being resolved on this shard already; retry later, or name the callback by address"
+            ),
+        ));
+    }
+    // A thread of its own per look-up (at most LOOKUPS_IN_FLIGHT_MAX per
+    // shard), not the executor's one blocking thread: look-ups that hang
+    // run side by side instead of queueing, and never hold up the storage
+    // or Postgres work that thread does.
+    let (tx, rx) = async_channel::bounded(1);
     let lookup = format!("{host}:{port}");
+    let done = running.clone();
+    let spawned = std::thread::Builder::new()
+        .name("chronos-guard-dns".into())
+        .spawn(move || {
+            let found = lookup
+                .to_socket_addrs()
+                .map(|it| it.take(ADDRESSES_MAX).map(|a| a.ip()).collect::<Vec<_>>());
+            done.fetch_sub(1, Ordering::Relaxed);
+            let _ = tx.try_send(found);
+        });
+    if let Err(e) = spawned {
+        running.fetch_sub(1, Ordering::Relaxed);
+        return Err((
+            503,
+            format!("callback host {host}: no thread to resolve it: {e}"),
+        ));
+    }
     let resolve = async {
-        glommio::executor()
-            .spawn_blocking(move || {
-                lookup
-                    .to_socket_addrs()
-                    .map(|it| it.take(ADDRESSES_MAX).map(|a| a.ip()).collect::<Vec<_>>())
-            })
-            .await
-            .map_err(|e| format!("callback host {host} does not resolve: {e}"))
+        match rx.recv().await {
+            Ok(found) => {
+                found.map_err(|e| (400, format!("callback host {host} does not resolve: {e}")))
+            }
+            Err(_) => Err((400, format!("callback host {host} does not resolve"))),
+        }
     };
     let timeout = async {
         crate::runtime::sleep::sleep(limit).await;
-        Err(format!(
-            "callback host {host} does not resolve within {} ms",
-            limit.as_millis()
+        Err((
+            400,
+            format!(
+                "callback host {host} does not resolve within {} ms",
+                limit.as_millis()
+            ),
         ))
     };
     let addresses = future::or(resolve, timeout).await?;
     if addresses.is_empty() {
-        return Err(format!("callback host {host} has no address"));
+        return Err((400, format!("callback host {host} has no address")));
     }
     Ok(addresses)
 }
@@ -174,15 +273,19 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// Whether `ip` (canonical: an IPv4-mapped address is IPv4) is in
+/// `net/prefix`. An IPv4 address is compared with an IPv6 network as its
+/// mapped form (`::ffff:a.b.c.d`), so `::/0` covers it too.
 fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
+    let within = |a: u128, n: u128, bits: u32| {
+        assert!(u32::from(prefix) <= bits, "prefix checked at parse");
+        prefix == 0 || (a ^ n) >> (bits - u32::from(prefix)) == 0
+    };
     match (ip, net) {
-        (IpAddr::V4(a), IpAddr::V4(n)) => {
-            prefix == 0 || (u32::from(a) ^ u32::from(n)) >> (32 - u32::from(prefix)) == 0
-        }
-        (IpAddr::V6(a), IpAddr::V6(n)) => {
-            prefix == 0 || (u128::from(a) ^ u128::from(n)) >> (128 - u32::from(prefix)) == 0
-        }
-        _ => false,
+        (IpAddr::V4(a), IpAddr::V4(n)) => within(u32::from(a).into(), u32::from(n).into(), 32),
+        (IpAddr::V4(a), IpAddr::V6(n)) => within(a.to_ipv6_mapped().into(), n.into(), 128),
+        (IpAddr::V6(a), IpAddr::V6(n)) => within(a.into(), n.into(), 128),
+        (IpAddr::V6(_), IpAddr::V4(_)) => false,
     }
 }
 
@@ -243,7 +346,17 @@ fn parse_net(address: &str, prefix: Option<&str>) -> Result<Pattern, String> {
             "{address} has bits set beyond the /{prefix} prefix (write the network address)"
         ));
     }
-    Ok(Pattern::Net(canonical(ip), prefix))
+    // An IPv4-mapped network of at least /96 is the IPv4 network it
+    // carries (addresses are judged in their IPv4 form); a wider one stays
+    // IPv6 (`in_net` compares IPv4 addresses with it as mapped).
+    let net = match ip {
+        IpAddr::V6(v6) if prefix >= 96 => match v6.to_ipv4_mapped() {
+            Some(v4) => return Ok(Pattern::Net(IpAddr::V4(v4), prefix - 96)),
+            None => ip,
+        },
+        _ => ip,
+    };
+    Ok(Pattern::Net(net, prefix))
 }
 
 /// `example.com` or `.example.com`: labels of letters, digits, `-` and `_`.
@@ -285,6 +398,29 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// The review: an IPv4-mapped rule kept its IPv6 prefix (96-128) on an
+    /// IPv4 network, and judging an IPv4 address against it underflowed
+    /// `32 - prefix` (a panic in a debug build; in release `/96` denied
+    /// 0.0.0.0 alone).
+    #[test]
+    fn ipv4_mapped_rules_cover_the_ipv4_addresses_they_carry() {
+        let g = guard(&["!::ffff:0:0/96", "0.0.0.0/0", "::/0"]);
+        assert!(g.decide("127.0.0.1", ip("127.0.0.1")).is_err());
+        assert!(g.decide("10.1.2.3", ip("10.1.2.3")).is_err());
+        assert!(g
+            .decide("[::ffff:127.0.0.1]", ip("::ffff:127.0.0.1"))
+            .is_err());
+        assert!(g.decide("[2001:db8::1]", ip("2001:db8::1")).is_ok());
+        let g = guard(&["!::ffff:127.0.0.0/104", "0.0.0.0/0"]);
+        assert!(g.decide("127.0.0.1", ip("127.0.0.1")).is_err());
+        assert!(g.decide("10.0.0.1", ip("10.0.0.1")).is_ok());
+        // A wider IPv6 network covers IPv4 addresses as their mapped form.
+        let g = guard(&["!::/64", "0.0.0.0/0"]);
+        assert!(g.decide("10.0.0.1", ip("10.0.0.1")).is_err());
+        let g = guard(&["!2001:db8::/32", "0.0.0.0/0"]);
+        assert!(g.decide("10.0.0.1", ip("10.0.0.1")).is_ok());
     }
 
     #[test]
@@ -341,6 +477,9 @@ mod tests {
             "!0.0.0.0/8",
             "!::/128",
             "!100.64.0.0/10",
+            "!64:ff9b::/96",
+            "!64:ff9b:1::/48",
+            "!2002::/16",
             "0.0.0.0/0",
             "::/0",
         ]);
@@ -358,6 +497,11 @@ mod tests {
             "fd00::1",
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
+            // NAT64 and 6to4 forms carry an IPv4 address a gateway may
+            // reach (10.0.0.1 here).
+            "64:ff9b::a00:1",
+            "64:ff9b:1::a00:1",
+            "2002:a00:1::1",
         ] {
             assert!(g.decide("h", ip(refused)).is_err(), "{refused}");
         }
