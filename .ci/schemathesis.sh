@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Contract test: schemathesis (PyPI) against a live node's GET /openapi.json,
 # every operation, a bounded number of examples each. Called by .ci/run;
-# runs alone too: CARGO_TARGET_DIR=... bash .ci/schemathesis.sh
+# runs alone too: CARGO_TARGET_DIR=... bash .ci/schemathesis.sh [storage]
+# (`storage`: the node keeps a timer log, so every generated timer goes
+# through the log's record encoder too).
 #
 # Idempotent and non-interactive: schemathesis is installed once, pinned,
 # into a venv in the CI cache and reused. The node is the debug build
@@ -46,6 +48,9 @@ cat >"$work/chronos.toml" <<EOF
 [cluster]
 shared-secret = "$secret"
 EOF
+if [ "${1:-}" = storage ]; then
+  printf '[storage]\npath = "%s"\n' "$work/data" >>"$work/chronos.toml"
+fi
 "$BIN" --config "$work/chronos.toml" --bind-address 127.0.0.1 --bind-port "$port" \
   2>"$work/chronos.log" &
 pid=$!

@@ -297,3 +297,50 @@ fn the_old_flags_and_run_both_start_a_node() {
         assert_eq!(status.code(), Some(0), "{args:?}");
     }
 }
+
+/// The review: a `200` with JSON that is not a node's report (a proxy, a
+/// wrong port) made `resync --wait` panic (exit 101) and `status` print a
+/// table of `?` with exit 0. Both now exit 1 naming what was wrong.
+#[test]
+fn status_and_resync_refuse_an_answer_that_is_not_a_node_s_report() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    // Answers every connection with `200 []`, until the test ends.
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 4096];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = if seen.starts_with(b"POST") {
+                    "HTTP/1.1 202 Accepted\r\nContent-Length: 9\r\nConnection: close\r\n\r\n{\"run\":1}"
+                } else {
+                    "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]"
+                };
+                let _ = s.write_all(answer.as_bytes());
+            });
+        }
+    });
+    let out = run(&["status", "--node", &address]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "status: {stderr}");
+    assert!(stderr.contains("not a node's report"), "status: {stderr}");
+    let out = run(&[
+        "resync",
+        "--wait",
+        "--address",
+        &address,
+        "--timeout-s",
+        "2",
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "resync --wait: {stderr}");
+    assert!(!stderr.contains("panicked"), "resync --wait: {stderr}");
+}

@@ -95,6 +95,12 @@ fn the_document_is_openapi_3_1_and_lists_exactly_the_routes() {
     let doc = document();
     let version = doc["openapi"].as_str().expect("openapi is a string");
     assert!(version.starts_with("3.1."), "openapi {version:?} is 3.1.x");
+    // The API's version is the package's (a release bumps both).
+    assert_eq!(
+        doc["info"]["version"].as_str(),
+        Some(env!("CARGO_PKG_VERSION")),
+        "info.version is Cargo.toml's version"
+    );
     let table: BTreeSet<(String, String)> = ROUTES
         .iter()
         .map(|(m, p)| (m.to_string(), p.to_string()))

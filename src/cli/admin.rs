@@ -77,7 +77,20 @@ impl Admin {
                 body.trim_end()
             ));
         }
-        json_of(&body)
+        let report = json_of(&body)?;
+        // A 200 from something that is not a chronos node (a proxy, a
+        // wrong port) must not pass for an empty report.
+        let is_report = report
+            .as_object()
+            .is_some_and(|o| o.contains_key("localhost") && o.contains_key("cluster-view-id"));
+        if !is_report {
+            return Err(format!(
+                "{} answered GET /cluster with JSON that is not a node's report (no localhost or cluster-view-id): {}",
+                self.address,
+                body.chars().take(200).collect::<String>()
+            ));
+        }
+        Ok(report)
     }
 }
 

@@ -50,7 +50,11 @@ fn resync_at(admin: &Admin, args: &ResyncArgs) -> Result<String, String> {
 
 /// `GET /cluster`'s `resync` object.
 fn resync_report(admin: &Admin) -> Result<serde_json::Value, String> {
-    Ok(admin.cluster()?["resync"].take())
+    Ok(admin
+        .cluster()?
+        .get("resync")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null))
 }
 
 /// A count in a `resync` object.

@@ -68,9 +68,9 @@ pub struct QueueConfig {
     /// delete; beyond it the shard claims no more.
     #[serde(default = "QueueConfig::default_in_hand_bytes_max")]
     pub in_hand_bytes_max: usize,
-    /// The node vacuums the table itself (`VACUUM (SKIP_LOCKED)`, shard
+    /// The node vacuums the table itself (`VACUUM`, shard
     /// 0, a connection of its own) once Postgres reports this many dead
-    /// rows in it; 0 leaves it to Postgres's autovacuum (src/queue/vacuum.rs).
+    /// rows more than its last vacuum left; 0 leaves it to Postgres's autovacuum (src/queue/vacuum.rs).
     #[serde(default = "QueueConfig::default_vacuum_dead_rows")]
     pub vacuum_dead_rows: u64,
     /// How often the dead rows are looked up.
