@@ -184,14 +184,13 @@ fn a_narrowed_list_refuses_at_connect_time_and_a_bad_one_is_not_taken() {
     );
     sink.wait_for(1, Duration::from_secs(10));
     // Counted once the node has read the sink's answer.
-    wait_until(
-        "the callback counted",
-        Duration::from_secs(10),
-        || match node.metric("chronos_callbacks_succeeded_total") {
-            n if n == 1.0 => Ok(()),
-            n => Err(format!("{n}")),
-        },
-    );
+    wait_until("the callback counted", Duration::from_secs(10), || {
+        let n = node.metric("chronos_callbacks_succeeded_total");
+        match n == 1.0 {
+            true => Ok(()),
+            false => Err(format!("{n}")),
+        }
+    });
     node.kill9();
 }
 
