@@ -11,6 +11,11 @@
 # every request carries, so the admin and internal routes are exercised
 # past their 403. It is stopped on every exit (trap). Fails on any
 # schemathesis failure, a node that died, or a panic in its log.
+#
+# The node and schemathesis run in a network namespace of their own with
+# only loopback (as root, like the net split tests): the generated
+# timers' callbacks really fire, and in there no generated address
+# (169.254.169.254, 10.0.0.0/8, a name) reaches anything beyond this run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,13 +39,18 @@ cargo build --locked -q --bin chronos
 
 work=$(mktemp -d)
 pid=
+ns="chronos-st-$$"
 stop() {
   if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  ip netns delete "$ns" 2>/dev/null || true
   rm -rf "$work"
 }
 trap stop EXIT
+ip netns add "$ns"
+ip netns exec "$ns" ip link set lo up
+inns() { ip netns exec "$ns" "$@"; }
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(inns python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 secret="schemathesis-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 # One node in memory; callback timeouts (1500 ms) bound what the generated
 # timers' pops cost; a pop to a generated host fails, which is fine.
@@ -51,20 +61,22 @@ EOF
 if [ "${1:-}" = storage ]; then
   printf '[storage]\npath = "%s"\n' "$work/data" >>"$work/chronos.toml"
 fi
-"$BIN" --config "$work/chronos.toml" --bind-address 127.0.0.1 --bind-port "$port" \
-  2>"$work/chronos.log" &
+# Not through `inns`: a function run in the background is a subshell, and
+# $! would be it, not the node (which `ip netns exec` becomes).
+ip netns exec "$ns" "$BIN" --config "$work/chronos.toml" --bind-address 127.0.0.1 \
+  --bind-port "$port" 2>"$work/chronos.log" >/dev/null &
 pid=$!
 for _ in $(seq 1 200); do
-  curl -fsS "http://127.0.0.1:$port/ping" >/dev/null 2>&1 && break
+  inns curl -fsS "http://127.0.0.1:$port/ping" >/dev/null 2>&1 && break
   kill -0 "$pid" 2>/dev/null || { echo "chronos exited at start:"; cat "$work/chronos.log"; exit 1; }
   sleep 0.1
 done
-curl -fsS "http://127.0.0.1:$port/ping" >/dev/null || { echo "chronos did not answer /ping"; cat "$work/chronos.log"; exit 1; }
+inns curl -fsS "http://127.0.0.1:$port/ping" >/dev/null || { echo "chronos did not answer /ping"; cat "$work/chronos.log"; exit 1; }
 
 # The resync listing's parameters: the node's own address half the time
 # (else a generated one: 404) and always its cluster view (another is a
 # 400 that the positive checks would rightly call a refused valid request).
-view=$(curl -fsS -H "Authorization: Bearer $secret" "http://127.0.0.1:$port/cluster" |
+view=$(inns curl -fsS -H "Authorization: Bearer $secret" "http://127.0.0.1:$port/cluster" |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["cluster-view-id"])')
 cat >"$work/schemathesis.toml" <<EOF
 [dictionaries.node]
@@ -81,7 +93,7 @@ EOF
 # OpenAPI links, which a timer service has none of: they do not run.)
 status=0
 cd "$work" # schemathesis keeps a .schemathesis/ directory where it runs
-timeout --kill-after=10 "$ST_TIME_MAX_S" "$VENV/bin/st" --config-file "$work/schemathesis.toml" \
+timeout --kill-after=10 "$ST_TIME_MAX_S" ip netns exec "$ns" "$VENV/bin/st" --config-file "$work/schemathesis.toml" \
   run "http://127.0.0.1:$port/openapi.json" \
   --header "Authorization: Bearer $secret" \
   --checks all \
