@@ -385,21 +385,7 @@ fn the_node_vacuums_its_table_once_dead_rows_pile_up() {
         "ALTER TABLE {} SET (autovacuum_enabled = false)",
         s.table
     ));
-    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
-    let p = producer(&s.broker.brokers());
-    let ids: Vec<String> = (0..1_000).map(|i| format!("v{i}")).collect();
-    let dl = iso(now_ms() + 1_500);
-    let inputs: Vec<Input<'_>> = ids
-        .iter()
-        .map(|id| Input {
-            key: Some(id),
-            value: b"v",
-            headers: vec![("chronosMessageId", id), ("chronosDeadline", &dl)],
-        })
-        .collect();
-    produce(&p, &s.input, &inputs);
-    let seen = reader.wait_for(1_000, Duration::from_secs(60));
-    assert_eq!(seen.len(), 1_000, "{}", node.log_text());
+    relay_due(&s, "v", 1_000, 1_500, &node);
     let vacuum_count = || {
         psql(&format!(
             "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = '{}'::regclass",
@@ -421,6 +407,26 @@ fn the_node_vacuums_its_table_once_dead_rows_pile_up() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Produce `n` messages (IDs `<prefix><i>`) due in `in_ms`, and wait
+/// (bounded) until all of them came out.
+fn relay_due(s: &Setup, prefix: &str, n: usize, in_ms: i64, node: &Node) {
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let p = producer(&s.broker.brokers());
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    let dl = iso(now_ms() + in_ms);
+    let inputs: Vec<Input<'_>> = ids
+        .iter()
+        .map(|id| Input {
+            key: Some(id),
+            value: b"v",
+            headers: vec![("chronosMessageId", id), ("chronosDeadline", &dl)],
+        })
+        .collect();
+    produce(&p, &s.input, &inputs);
+    let seen = reader.wait_for(n, Duration::from_secs(60));
+    assert_eq!(seen.len(), n, "{}", node.log_text());
 }
 
 /// Wait (bounded) until the node answers `/ready` with 200.
@@ -461,20 +467,7 @@ fn a_snapshot_that_pins_dead_rows_does_not_make_the_node_vacuum_back_to_back() {
         assert!(std::time::Instant::now() < until, "the pinning transaction never started");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
-    let p = producer(&s.broker.brokers());
-    let ids: Vec<String> = (0..1_000).map(|i| format!("p{i}")).collect();
-    let dl = iso(now_ms() + 1_000);
-    let inputs: Vec<Input<'_>> = ids
-        .iter()
-        .map(|id| Input {
-            key: Some(id),
-            value: b"p",
-            headers: vec![("chronosMessageId", id), ("chronosDeadline", &dl)],
-        })
-        .collect();
-    produce(&p, &s.input, &inputs);
-    assert_eq!(reader.wait_for(1_000, Duration::from_secs(60)).len(), 1_000);
+    relay_due(&s, "p", 1_000, 1_000, &node);
     let vacuums = || node.metric("chronos_queue_vacuums_total");
     let until = std::time::Instant::now() + Duration::from_secs(30);
     while vacuums() < 1.0 {

@@ -121,22 +121,7 @@ fn tls_request(
 /// until it answers `/ping` over TLS.
 fn start_tls(client: &Arc<ClientConfig>, cert: &str, key: &str, extra: &str) -> Node {
     let config = format!("[http]\ntls-certificate = {cert:?}\ntls-private-key = {key:?}\n{extra}");
-    let mut node = Node::spawn_in(None, "127.0.0.1", free_port(), &config, &[]);
-    let addr = node.addr;
-    wait_until("/ping over TLS", Duration::from_secs(20), || {
-        if let Ok(Some(status)) = node.child.try_wait() {
-            panic!(
-                "chronos exited ({status}) at start; log:\n{}",
-                node.log_text()
-            );
-        }
-        match tls_try(addr, client, "GET", "/ping", "") {
-            Ok((r, _)) if r.status == 200 => Ok(()),
-            Ok((r, _)) => Err(format!("{}", r.status)),
-            Err(e) => Err(e.to_string()),
-        }
-    });
-    node
+    start_tls_at(client, "127.0.0.1", free_port(), &config, &[])
 }
 
 fn metric(addr: SocketAddr, client: &Arc<ClientConfig>, name: &str) -> f64 {

@@ -769,16 +769,22 @@ fn log_forbidden(address: &str, n: usize) {
         return;
     }
     FORBIDDEN_LOGGED.with(|limit| {
-        let now = std::time::Instant::now();
-        let Some(quiet) = crate::runtime::loglimit::log_due(limit, now, FORBIDDEN_LOG_EVERY) else {
-            return;
-        };
-        let more = match quiet {
-            0 => String::new(),
-            q => format!(" (and {q} more batches so since the last such line)"),
-        };
-        tracing::warn!(target: "chronos::replication", "to {address}: {n} messages refused with 403, shared-secret mismatch: this node's [cluster] shared-secret differs from the peer's; given up, not retried{more}");
+        if let Some(more) = log_now(limit) {
+            tracing::warn!(target: "chronos::replication", "to {address}: {n} messages refused with 403, shared-secret mismatch: this node's [cluster] shared-secret differs from the peer's; given up, not retried{more}");
+        }
     });
+}
+
+/// Whether a line limited by `limit` is due now (at most once per
+/// [`FORBIDDEN_LOG_EVERY`]): `Some` with the note on the batches not
+/// logged since the last one.
+fn log_now(limit: &crate::runtime::loglimit::LogLimit) -> Option<String> {
+    let now = std::time::Instant::now();
+    let quiet = crate::runtime::loglimit::log_due(limit, now, FORBIDDEN_LOG_EVERY)?;
+    Some(match quiet {
+        0 => String::new(),
+        q => format!(" (and {q} more batches so since the last such line)"),
+    })
 }
 
 thread_local! {
@@ -792,15 +798,9 @@ thread_local! {
 /// [`FORBIDDEN_LOG_EVERY`] per shard; the messages stay queued.
 fn log_tls_refused(address: &str, n: usize, reason: &str) {
     TLS_LOGGED.with(|limit| {
-        let now = std::time::Instant::now();
-        let Some(quiet) = crate::runtime::loglimit::log_due(limit, now, FORBIDDEN_LOG_EVERY) else {
-            return;
-        };
-        let more = match quiet {
-            0 => String::new(),
-            q => format!(" (and {q} more batches so since the last such line)"),
-        };
-        tracing::warn!(target: "chronos::replication", "to {address}: {n} messages not delivered, retried: {reason}{more}");
+        if let Some(more) = log_now(limit) {
+            tracing::warn!(target: "chronos::replication", "to {address}: {n} messages not delivered, retried: {reason}{more}");
+        }
     });
 }
 
