@@ -607,7 +607,8 @@ fn a_mutual_tls_cluster_replicates_and_a_replica_pops_after_the_first_node_is_ki
         }
     });
     for node in &nodes {
-        let log = node.log_text();
+        // The port is left out: it may hold the digits 403.
+        let log = node.log_text().replace(&format!(":{port}"), ":PORT");
         assert!(
             !log.contains("403") && !log.contains("TLS handshake"),
             "{log}"
@@ -714,4 +715,109 @@ fn cluster_tls_without_a_listener_certificate_is_refused_at_start() {
         log.contains("[cluster] tls = true needs [http] tls-certificate"),
         "{log}"
     );
+}
+
+/// The second review: a TLS client that sends records carrying no plaintext (TLS
+/// 1.3 KeyUpdates) between requests is, to the server, a connection in
+/// the idle phase forever: each record is a read that returns, so the
+/// per-read idle timeout restarts, and no request head ever starts the
+/// header deadline. A plain connection cannot do this (its first byte
+/// starts the header timeout). Expected: closed within about
+/// idle-timeout-ms of the last request, as a silent connection is.
+fn idle_close(key_updates: bool) -> (Option<Duration>, usize) {
+    let pki = Pki::new(if key_updates {
+        "keyupdate"
+    } else {
+        "keyupdate-control"
+    });
+    let (cert, key, _) = pki.issue("node", &["127.0.0.1"]);
+    let client = pki.client();
+    let node = start_tls(&client, &cert, &key, "idle-timeout-ms = 1000");
+    let sock = TcpStream::connect(node.addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let name = ServerName::IpAddress(node.addr.ip().into());
+    let conn = ClientConnection::new(client.clone(), name).unwrap();
+    let mut tls = StreamOwned::new(conn, sock);
+    let req = format!("GET /ping HTTP/1.1\r\nHost: {}\r\n\r\n", node.addr);
+    tls.write_all(req.as_bytes()).unwrap();
+    let started = Instant::now();
+    let mut updates = 0;
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < Duration::from_secs(6) {
+        // A KeyUpdate: a record, but no plaintext for the server.
+        if key_updates && tls.conn.refresh_traffic_keys().is_ok() {
+            updates += 1;
+            let _ = tls.conn.write_tls(&mut tls.sock);
+        }
+        match tls.sock.read(&mut buf) {
+            Ok(0) => return (Some(started.elapsed()), updates),
+            Ok(n) => {
+                let mut slice = &buf[..n];
+                let _ = tls.conn.read_tls(&mut slice);
+                if tls.conn.process_new_packets().is_err() {
+                    return (Some(started.elapsed()), updates);
+                }
+                let _ = tls.conn.reader().read(&mut [0u8; 4096]);
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return (Some(started.elapsed()), updates),
+        }
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    (None, updates)
+}
+
+/// The second review: the control: a silent TLS connection is closed at about
+/// idle-timeout-ms (so the next test's loop can see a close).
+#[test]
+fn a_silent_tls_connection_is_closed_at_the_idle_timeout() {
+    let (closed, _) = idle_close(false);
+    let closed = closed.expect("still open after 6 s with idle-timeout-ms = 1000");
+    assert!(closed < Duration::from_secs(3), "closed after {closed:?}");
+}
+
+/// The second review: a TLS client that sends records carrying no plaintext (TLS
+/// 1.3 KeyUpdates, every 400 ms) between requests is, to the server, a
+/// connection in the idle phase forever: each record is a read that
+/// returns, so the per-read idle timeout restarts, and no request head
+/// ever starts the header deadline. A plain connection cannot do this
+/// (its first byte starts the header timeout). Expected: closed within
+/// about idle-timeout-ms of the last request, as a silent one is.
+#[test]
+fn key_updates_do_not_keep_an_idle_tls_connection_open() {
+    let (closed, updates) = idle_close(true);
+    let closed = closed.unwrap_or_else(|| {
+        panic!("still open after 6 s with idle-timeout-ms = 1000 ({updates} KeyUpdates sent)")
+    });
+    assert!(closed < Duration::from_secs(3), "closed after {closed:?}");
+}
+
+/// The second review: `chronos status` and `chronos resync` spoke plain
+/// HTTP only, so against a node whose listener speaks TLS they sent the
+/// shared secret in clear (and then failed). With the node's config they
+/// now go over TLS, verified against `[cluster] tls-ca-file`.
+#[test]
+fn status_reaches_a_tls_node_over_tls_with_its_secret() {
+    let pki = Pki::new("cli");
+    let port = cluster_port(1);
+    let secret = "cli-over-tls-secret-0123456789";
+    let config = tls_node_config(&pki, &pki, 1, 1, port, false).replace(
+        "[cluster]\n",
+        &format!("[cluster]\nshared-secret = {secret:?}\n"),
+    );
+    let node = start_tls_at(&pki.client(), "127.0.0.1", port, &config, &[]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_chronos"))
+        .args(["status", "--node", &node.addr.to_string(), "--config"])
+        .arg(node.config_path())
+        .env_remove("CHRONOS_CLUSTER_SHARED_SECRET")
+        .env_remove("CHRONOS_CONFIG")
+        .output()
+        .expect("chronos status");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains(&node.addr.to_string()), "{stdout}");
 }

@@ -319,7 +319,10 @@ impl<H: Handler> Server<H> {
         })
         .await;
         match shaken {
-            Ok(conn) => self.serve(conn).await,
+            Ok(conn) => {
+                let idle = Duration::from_millis(self.limits.idle_timeout_ms);
+                self.serve(conn.with_plain_wait_max(idle)).await
+            }
             Err(e) => {
                 ShardStats::add(&self.my_stats().tls_handshakes_failed, 1);
                 if let Some(quiet) = log_due(&self.tls_log, Instant::now(), TLS_LOG_EVERY) {

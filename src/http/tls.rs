@@ -180,6 +180,11 @@ pub struct TlsConn<C: Conn> {
     raw_end: usize,
     /// Ciphertext for the socket (handed over whole, then empty again).
     out: Vec<u8>,
+    /// The longest a read may wait for plaintext (`None`: as long as the
+    /// reads of `inner` allow). Records that carry none (a key update, a
+    /// ticket) return a read of `inner` each, so without it a peer sending
+    /// one now and then would keep an idle connection open for ever.
+    plain_wait_max: Option<std::time::Duration>,
 }
 
 impl<C: Conn> TlsConn<C> {
@@ -210,6 +215,7 @@ impl<C: Conn> TlsConn<C> {
             raw_start: 0,
             raw_end: 0,
             out: Vec::new(),
+            plain_wait_max: None,
         };
         while conn.tls.is_handshaking() {
             conn.flush().await?;
@@ -225,6 +231,13 @@ impl<C: Conn> TlsConn<C> {
         }
         conn.flush().await?;
         Ok(conn)
+    }
+
+    /// Bound every plaintext read by `max` (the server's idle timeout): a
+    /// read that gets no plaintext within it ends the stream.
+    pub fn with_plain_wait_max(mut self, max: std::time::Duration) -> TlsConn<C> {
+        self.plain_wait_max = Some(max);
+        self
     }
 
     /// Whether the handshake resumed an earlier session.
@@ -264,12 +277,21 @@ impl<C: Conn> TlsConn<C> {
     }
 
     /// Read plaintext: `Ok(0)` at the peer's close_notify or end of stream.
+    /// With a plaintext wait bound, also `Ok(0)` once it passed with
+    /// records but no plaintext.
     pub async fn read_plain(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let started = std::time::Instant::now();
         loop {
             match self.tls.reader().read(buf) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
+            }
+            if self
+                .plain_wait_max
+                .is_some_and(|max| started.elapsed() >= max)
+            {
+                return Ok(0);
             }
             // A key update or an alert to answer.
             self.flush().await?;
