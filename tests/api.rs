@@ -18,9 +18,15 @@ fn ping_and_unknown_routes() {
     let r = node.request("DELETE", "/ping", "");
     assert_eq!(r.status, 405);
     assert!(r.header("Allow").unwrap().contains("GET"));
-    // Readiness: every shard is listening (no queue configured).
-    let r = node.request("GET", "/ready", "");
-    assert_eq!((r.status, r.text().as_str()), (200, "ready"));
+    // Readiness: every shard is listening (no queue configured). The
+    // start waits for one shard's /ping; the others may still be binding.
+    wait_until("/ready", std::time::Duration::from_secs(10), || {
+        let r = node.request("GET", "/ready", "");
+        match (r.status, r.text().as_str()) {
+            (200, "ready") => Ok(()),
+            (status, text) => Err(format!("{status} {text}")),
+        }
+    });
     assert_eq!(node.request("POST", "/ready", "").status, 405);
 }
 
