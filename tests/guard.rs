@@ -236,22 +236,10 @@ fn an_ipv4_mapped_range_rule_refuses_the_ipv4_callbacks_it_covers() {
 /// as the hanging ones time out (5 s here), not minutes later.
 #[test]
 fn names_that_never_resolve_hold_up_other_clients_only_briefly() {
-    let so = std::env::temp_dir().join(format!("chronos-slowdns-{}.so", std::process::id()));
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&so)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/common/slowdns.c"
-        ))
-        .arg("-ldl")
-        .status()
-        .expect("cc (gcc) builds the resolver stub");
-    assert!(built.success(), "cc failed");
+    let so = slow_dns();
     let sink = Sink::start(Behaviour::Ok);
     let config = allow(&["localhost", "!0.0.0.0/0"]);
-    let so = so.to_str().unwrap();
-    let node = Node::start_env("127.0.0.1", free_port(), &config, &[("LD_PRELOAD", so)]);
+    let node = Node::start_env("127.0.0.1", free_port(), &config, &[("LD_PRELOAD", &so)]);
     let mut refused = Vec::new();
     for round in 0..3 {
         std::thread::scope(|s| {
@@ -293,4 +281,45 @@ fn names_that_never_resolve_hold_up_other_clients_only_briefly() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// `common/slowdns.c` built for LD_PRELOAD (names starting "slow" take 5 s
+/// to fail to resolve); its path.
+fn slow_dns() -> String {
+    let so = std::env::temp_dir().join(format!("chronos-slowdns-{}.so", std::process::id()));
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&so)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/common/slowdns.c"
+        ))
+        .arg("-ldl")
+        .status()
+        .expect("cc (gcc) builds the resolver stub");
+    assert!(built.success(), "cc failed");
+    so.to_str().unwrap().to_string()
+}
+
+/// The second review: a name that did not resolve took a new look-up
+/// (and a look-up slot) every time a client repeated it. It is refused
+/// again at once for 5 s now, with the same reason.
+#[test]
+fn a_name_that_did_not_resolve_is_refused_again_without_a_new_look_up() {
+    let so = slow_dns();
+    let config = allow(&["localhost", "!0.0.0.0/0"]);
+    let node = Node::start_env("127.0.0.1", free_port(), &config, &[("LD_PRELOAD", &so)]);
+    let uri = "http://slow-again.example/cb";
+    let (status, first) = post(&node, uri);
+    assert_eq!(status, 400, "{first}");
+    assert!(first.contains("does not resolve"), "{first}");
+    let started = std::time::Instant::now();
+    let (status, again) = post(&node, uri);
+    let took = started.elapsed();
+    assert_eq!((status, again.as_str()), (400, first.as_str()));
+    // A new look-up would take the callback timeout (1.5 s) again.
+    assert!(
+        took < Duration::from_millis(1_000),
+        "took {took:?}: looked up again"
+    );
 }

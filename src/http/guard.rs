@@ -134,18 +134,48 @@ impl Guard {
         if let Ok(ip) = bare.parse::<IpAddr>() {
             return self.decide(host, ip).map_err(|e| (400, e));
         }
-        let addresses = match cached(bare) {
-            Some(addresses) => addresses,
-            None => {
-                let addresses = resolve_all(bare, port, limit).await?;
-                remember(bare, &addresses);
-                addresses
-            }
-        };
-        for ip in addresses {
+        if let Some(verdict) = self.judge_remembered(host, bare) {
+            return verdict;
+        }
+        let found = resolve_all(bare, port, limit).await;
+        match &found {
+            Ok(addresses) => remember(bare, Ok(addresses.clone())),
+            // A name that does not resolve (or not in time) is refused
+            // again at once for a while, so a client repeating it does
+            // not take a look-up slot each time; a busy shard's 503 is not
+            // the name's fault and is not remembered.
+            Err((400, reason)) => remember(bare, Err(reason.clone())),
+            Err(_) => {}
+        }
+        for ip in found? {
             self.decide(host, ip).map_err(|e| (400, e))?;
         }
         Ok(())
+    }
+
+    /// The verdict for `name` from a look-up made within [`NAME_TTL`]
+    /// ([`FAILED_NAME_TTL`] for one that failed), judged in place (no
+    /// copy of the addresses); `None` when there is none.
+    fn judge_remembered(&self, host: &str, name: &str) -> Option<Result<(), (u16, String)>> {
+        NAMES.with(|n| {
+            let names = n.borrow();
+            let (found, at) = names.get(name)?;
+            let ttl = if found.is_ok() {
+                NAME_TTL
+            } else {
+                FAILED_NAME_TTL
+            };
+            if at.elapsed() >= ttl {
+                return None;
+            }
+            Some(match found {
+                Ok(addresses) => addresses
+                    .iter()
+                    .try_for_each(|ip| self.decide(host, *ip))
+                    .map_err(|e| (400, e)),
+                Err(reason) => Err((400, reason.clone())),
+            })
+        })
     }
 }
 
@@ -153,13 +183,17 @@ impl Guard {
 /// connect-time check looks at the address actually used, so a stale entry
 /// cannot let a callback through).
 pub const NAME_TTL: Duration = Duration::from_secs(30);
+/// How long a name that did not resolve (or not in time) is refused
+/// without a new look-up.
+pub const FAILED_NAME_TTL: Duration = Duration::from_secs(5);
 /// Names remembered per shard (the table is emptied when full).
 const NAMES_MAX: usize = 4096;
 /// Name look-ups running per shard for the create-time check.
 pub const LOOKUPS_IN_FLIGHT_MAX: usize = 8;
 
-/// A name's addresses and when they were looked up.
-type Resolved = (Vec<IpAddr>, std::time::Instant);
+/// A name's addresses (or why it did not resolve) and when it was
+/// looked up.
+type Resolved = (Result<Vec<IpAddr>, String>, std::time::Instant);
 
 thread_local! {
     /// This shard's remembered names (the guard runs on shard threads).
@@ -171,25 +205,13 @@ thread_local! {
     static LOOKUPS: Arc<AtomicUsize> = Arc::new(AtomicUsize::new(0));
 }
 
-fn cached(name: &str) -> Option<Vec<IpAddr>> {
-    NAMES.with(|n| {
-        n.borrow()
-            .get(name)
-            .filter(|(_, at)| at.elapsed() < NAME_TTL)
-            .map(|(a, _)| a.clone())
-    })
-}
-
-fn remember(name: &str, addresses: &[IpAddr]) {
+fn remember(name: &str, found: Result<Vec<IpAddr>, String>) {
     NAMES.with(|n| {
         let mut n = n.borrow_mut();
         if n.len() >= NAMES_MAX {
             n.clear();
         }
-        n.insert(
-            name.to_string(),
-            (addresses.to_vec(), std::time::Instant::now()),
-        );
+        n.insert(name.to_string(), (found, std::time::Instant::now()));
     });
 }
 
