@@ -1,4 +1,5 @@
-//! Three Postgres connections per shard, driven on the shard's own executor:
+//! Three Postgres connections per shard (and on shard 0 a fourth for the
+//! vacuum, [`Pg::maintenance`]), driven on the shard's own executor:
 //! `tokio-postgres` over a glommio socket (through the futures→tokio I/O
 //! compat adapter and `connect_raw`; no tokio runtime). [`Role::Input`]
 //! carries the inserts (and the late messages' look-up), each committed
