@@ -135,10 +135,7 @@ mod tests {
         let t = parse("http://h/p?q=1#frag").unwrap();
         assert_eq!((t.host, t.path, t.authority), ("h", "/p?q=1", "h"));
         let t = parse("http://h:81#frag").unwrap();
-        assert_eq!(
-            (t.host, t.port, t.path, t.authority),
-            ("h", 81, "/", "h:81")
-        );
+        assert_eq!((t.host, t.port, t.path, t.authority), ("h", 81, "/", "h:81"));
         assert!(parse("http://#frag").is_err());
     }
 
