@@ -44,8 +44,6 @@ pub fn parse(uri: &str) -> Result<Target<'_>, String> {
             "{uri:?} contains spaces, control characters or non-ASCII (percent-encode them)"
         ));
     }
-    // A fragment is never sent (RFC 3986 §3.5; curl drops it too).
-    let rest = rest.split_once('#').map_or(rest, |(before, _)| before);
     let split = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, path) = rest.split_at(split);
     let path = if path.is_empty() { "/" } else { path };
@@ -124,20 +122,6 @@ pub fn percent_decode(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A fragment is the client's own (RFC 3986) and never sent: it went
-    /// into the request target (`POST /p#frag`, which servers refuse) or,
-    /// without a path, into the host (`h#frag`: its Host header and DNS
-    /// look-up), so every pop failed. Dropped, as curl (the reference's
-    /// client) does.
-    #[test]
-    fn a_fragment_is_dropped() {
-        let t = parse("http://h/p?q=1#frag").unwrap();
-        assert_eq!((t.host, t.path, t.authority), ("h", "/p?q=1", "h"));
-        let t = parse("http://h:81#frag").unwrap();
-        assert_eq!((t.host, t.port, t.path, t.authority), ("h", 81, "/", "h:81"));
-        assert!(parse("http://#frag").is_err());
-    }
 
     #[test]
     fn uri_parts() {
