@@ -595,7 +595,10 @@ mod tests {
         }
         // 2^53 and beyond as a significand with a fraction: serde's float.
         same(&timer("9007199254740992.0", ""), false);
-        // Replication integers: in range read, out of range declined.
+    }
+
+    #[test]
+    fn replication_integers_in_range_are_read() {
         for (field, ok, bad) in [
             ("start-time-delta", "250.0", "9223372036854775808"),
             ("sequence-number", "2", "4294967296"),
