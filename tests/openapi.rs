@@ -295,6 +295,27 @@ fn a_callback_uri_with_a_query_and_no_path_pops_to_slash_query() {
     assert_eq!(pops[0].path, "/?x=1");
 }
 
+/// A `#fragment` is the client's own (RFC 3986 section 3.5) and is never
+/// sent: it went into the pop's request target (`POST /p#frag`) or, with no
+/// path, into the host (`127.0.0.1:port#frag`), so every pop failed. curl,
+/// the reference's HTTP client, drops it too.
+#[test]
+fn a_callback_uri_fragment_is_not_sent() {
+    let node = node_with_secret();
+    let sink = Sink::start(Behaviour::Ok);
+    let cases = [
+        (format!("http://{}/p?q=1#frag", sink.addr), "/p?q=1"),
+        (format!("http://{}#frag", sink.addr), "/"),
+    ];
+    for (i, (uri, path)) in cases.iter().enumerate() {
+        let r = node.request("POST", "/timers", &timer_body("0", None, uri, "o"));
+        assert_eq!(r.status, 200, "{uri}: {}", r.text());
+        let pops = sink.wait_for(i + 1, std::time::Duration::from_secs(10));
+        assert_eq!(pops.len(), i + 1, "{uri}: the timer popped");
+        assert_eq!(pops[i].path, *path, "{uri}");
+    }
+}
+
 /// Schemathesis: `"interval": 5e-324` (a positive interval far below a
 /// millisecond) was taken as 0, so with a `repeat-for` the timer was
 /// refused as "interval 0 with repeat-for"; a positive interval is at

@@ -6,7 +6,9 @@ pub struct Target<'a> {
     /// Host as written (an IP literal, a bracketed IPv6 literal, or a name).
     pub host: &'a str,
     pub port: u16,
-    /// Path and query, at least `/`.
+    /// Path and query (no fragment): `/` when the URI has neither, and
+    /// starting with `?` when it has a query and no path (the client
+    /// writes `/` before it).
     pub path: &'a str,
     /// `host[:port]` for the `Host` header.
     pub authority: &'a str,
@@ -44,6 +46,11 @@ pub fn parse(uri: &str) -> Result<Target<'_>, String> {
             "{uri:?} contains spaces, control characters or non-ASCII (percent-encode them)"
         ));
     }
+    // A fragment is the client's own and never sent (RFC 3986 section
+    // 3.5; curl drops it too): it ends the authority or the path. `#` is
+    // not allowed inside an IPv6 literal, so `[a#b]` is a bad host here,
+    // as the OpenAPI pattern says.
+    let rest = rest.split_once('#').map_or(rest, |(before, _)| before);
     let split = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, path) = rest.split_at(split);
     let path = if path.is_empty() { "/" } else { path };
@@ -122,6 +129,23 @@ pub fn percent_decode(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fragment never reaches the request target or the host.
+    #[test]
+    fn a_fragment_is_dropped() {
+        let t = parse("http://h/p?q=1#frag").unwrap();
+        assert_eq!((t.host, t.path, t.authority), ("h", "/p?q=1", "h"));
+        let t = parse("http://h:81#frag#more").unwrap();
+        assert_eq!(
+            (t.host, t.port, t.path, t.authority),
+            ("h", 81, "/", "h:81")
+        );
+        let t = parse("http://[::1]#f").unwrap();
+        assert_eq!((t.host, t.port, t.path), ("[::1]", 80, "/"));
+        for bad in ["http://#frag", "http://[a#b]:80/", "http://h:#f"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn uri_parts() {

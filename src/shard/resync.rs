@@ -202,17 +202,27 @@ pub fn parse_query(
     })
 }
 
-/// `Range: 100` (seed 000), tolerating a unit prefix; at most `RANGE_MAX`.
+/// `Range: 100` (seed 000), tolerating a unit prefix (`timers=100`,
+/// letters then `=` or a space); at most `RANGE_MAX`. Exactly the OpenAPI
+/// pattern `^([A-Za-z]+[= ])?0*[1-9][0-9]{0,8}$` (anything before the last
+/// `=` used to pass as a prefix, and any count of digits as a count).
 fn parse_range(range: Option<&[u8]>) -> Result<usize, (u16, String)> {
     let Some(r) = range else {
         return Ok(RANGE_DEFAULT);
     };
     let text = std::str::from_utf8(r).unwrap_or("").trim();
-    let digits = text.rsplit(['=', ' ']).next().unwrap_or(text);
-    digits
+    let digits = match text.split_once(['=', ' ']) {
+        Some((unit, n)) if !unit.is_empty() && unit.bytes().all(|b| b.is_ascii_alphabetic()) => n,
+        Some(_) => "",
+        None => text,
+    };
+    let significant = digits.trim_start_matches('0');
+    let count_ok =
+        digits.bytes().all(|b| b.is_ascii_digit()) && (1..=9).contains(&significant.len());
+    significant
         .parse::<usize>()
         .ok()
-        .filter(|n| *n > 0)
+        .filter(|n| count_ok && *n > 0)
         .map(|n| n.min(RANGE_MAX))
         .ok_or((400, format!("Range {text:?} is not a positive count")))
 }
@@ -635,6 +645,40 @@ pub async fn parse_references(body: &[u8], pacer: &mut Pacer) -> Result<Vec<(u64
 
 #[cfg(test)]
 mod tests {
+    /// The Range header: a count with an optional letters-only unit prefix.
+    #[test]
+    fn range_header_is_exactly_the_documented_pattern() {
+        assert_eq!(parse_range(None), Ok(RANGE_DEFAULT));
+        for (text, n) in [
+            ("7", 7),
+            ("0007", 7),
+            ("timers=7", 7),
+            ("timers 7", 7),
+            (" 10000 ", RANGE_MAX),
+            ("999999999", RANGE_MAX),
+        ] {
+            assert_eq!(parse_range(Some(text.as_bytes())), Ok(n), "{text}");
+        }
+        for bad in [
+            "",
+            "0",
+            "000",
+            "-1",
+            "+5",
+            "1e3",
+            "7x",
+            "=7",
+            "t1=7",
+            "){L^NUmI^CN=4",
+            "a=b=7",
+            "timers=",
+            "1000000000",
+            "x= 7",
+        ] {
+            assert!(parse_range(Some(bad.as_bytes())).is_err(), "{bad}");
+        }
+    }
+
     use super::*;
 
     fn key(due_ms: u64, unique: u64) -> Cursor {
