@@ -14,13 +14,17 @@
 //!   connection's input and handed straight back to the kernel;
 //! - one `SEND` per connection in flight at a time, carrying everything the
 //!   connection's task wrote since the last one;
-//! - all SQEs of a driver pass go to the kernel in one `io_uring_enter`.
+//! - all SQEs of a driver pass go to the kernel in one `io_uring_enter`,
+//!   which also runs the completions the kernel deferred to it
+//!   (`DEFER_TASKRUN`, [`build_ring`]).
 //!
 //! The driver ([`NetRing::run`]) is one glommio task per shard. It never
-//! blocks the thread: when a pass reaps nothing and has nothing to submit it
-//! parks on a [`Notify`], woken either by a connection task that queued
-//! output or closed, or by the ring's eventfd (registered with the ring, read
-//! through glommio, so the executor sleeps in its own `io_uring_enter`).
+//! blocks the thread: when a pass reaps nothing, has nothing to submit and
+//! the kernel holds nothing more for it, it parks on a [`Notify`], woken
+//! either by a connection task that queued output or closed, or by the
+//! ring's eventfd (registered with the ring, read through glommio, so the
+//! executor sleeps in its own `io_uring_enter`; turned off while a pass
+//! runs, so it posts only to a parked driver).
 //!
 //! Bounds: connections per shard (`[http] connections-max`, the slab
 //! length); input held per connection ([`NetRing::in_bytes_high`]: beyond it
@@ -261,6 +265,46 @@ struct Slot {
     conn: Option<Rc<ConnShared>>,
 }
 
+/// The ring, with the cheapest completion mode the kernel has: deferred
+/// task work and no SQ index array (Linux 6.6+), else deferred task work
+/// alone (6.1+), else cooperative task work (5.19+).
+///
+/// All keep completions from interrupting the shard (no IPI while it runs
+/// user code) and raise `IORING_SQ_TASKRUN` when an enter is needed to run
+/// them. With `DEFER_TASKRUN` the kernel queues them on the ring itself and
+/// runs them only when the driver enters with `GETEVENTS` (which
+/// `submit` does whenever that flag is up), in one batch per enter, instead
+/// of at whichever kernel entry the thread makes next (glommio's own
+/// rings' included), one task-work list walk each. The eventfd still posts
+/// when the first one is queued, so a parked driver wakes; the kernel runs a
+/// bounded number per enter and keeps the rest without a new post, which
+/// is why the driver looks at the flag before it parks
+/// ([`NetRing::kernel_pending`]).
+fn build_ring() -> io::Result<IoUring> {
+    let modes: [(bool, bool); 3] = [(true, true), (true, false), (false, false)];
+    let mut last = None;
+    for (defer, no_sqarray) in modes {
+        let mut b = IoUring::builder();
+        b.setup_cqsize(SQ_ENTRIES * 4)
+            .setup_single_issuer()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag();
+        if defer {
+            b.setup_defer_taskrun();
+        }
+        if no_sqarray {
+            b.setup_no_sqarray();
+        }
+        match b.build(SQ_ENTRIES) {
+            Ok(ring) => return Ok(ring),
+            // An older kernel refuses a flag it does not know.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::ErrorKind::Unsupported.into()))
+}
+
 /// What the driver asks of the server.
 pub trait Acceptor {
     /// A new connection; dropping `conn` closes it once its output is sent.
@@ -310,16 +354,7 @@ impl NetRing {
         in_bytes_high: usize,
     ) -> io::Result<Rc<NetRing>> {
         assert!(connections_max > 0 && connections_max < (1 << 31));
-        let uring = IoUring::builder()
-            .setup_cqsize(SQ_ENTRIES * 4)
-            .setup_single_issuer()
-            // No IPI per completion while the shard runs user code: the
-            // completions run at its next kernel entry (it makes one every
-            // executor loop), or wake it if it sleeps. TASKRUN_FLAG tells the
-            // driver when an enter is needed to run them.
-            .setup_coop_taskrun()
-            .setup_taskrun_flag()
-            .build(SQ_ENTRIES)?;
+        let uring = build_ring()?;
         let bufs = BufRing::new()?;
         // SAFETY: the entry ring stays mapped for the ring's lifetime (it is
         // never unmapped, see `map_anonymous`).
@@ -416,6 +451,9 @@ impl NetRing {
             if acceptor.stopping() && stopping_since.is_none() {
                 stopping_since = Some(std::time::Instant::now());
             }
+            // The pass reaps what is there; no eventfd post is needed until
+            // it parks (each would be a read completing on glommio's ring).
+            self.uring.borrow_mut().completion().disable_eventfd();
             self.drive_accept(stopping_since.is_some());
             self.flush_dirty();
             self.submit_if_needed();
@@ -428,6 +466,13 @@ impl NetRing {
             }
             if !self.dirty.borrow().is_empty() {
                 // Re-arms and sends the pass itself queued: go round again.
+                continue;
+            }
+            if self.kernel_pending() {
+                // Completions or task work the pass left (the kernel runs a
+                // bounded batch per enter): let the tasks it woke run, then
+                // go round again rather than wait for a post.
+                futures_lite::future::yield_now().await;
                 continue;
             }
             // Park until a connection task queues output or closes, or the
@@ -443,6 +488,23 @@ impl NetRing {
             }
         }
         stop.set(true);
+    }
+
+    /// Turn the eventfd back on, then whether the kernel already holds
+    /// completions, or task work that needs an enter, for the driver.
+    /// `false` means anything arriving later posts the eventfd: the kernel
+    /// raises `IORING_SQ_TASKRUN` before it checks whether the eventfd is
+    /// on, and this reads the flag after turning it on (a full fence
+    /// between, against the kernel's full barrier between its two).
+    fn kernel_pending(&self) -> bool {
+        let mut uring = self.uring.borrow_mut();
+        uring.completion().enable_eventfd();
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let task_work = {
+            let sq = uring.submission();
+            sq.taskrun() || sq.cq_overflow()
+        };
+        task_work || !uring.completion().is_empty()
     }
 
     /// An eventfd registered with the ring (it posts on every CQE), or
