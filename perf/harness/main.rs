@@ -10,6 +10,9 @@
 //!                     nodes its CA with --extra-config, `[timers] callback-ca-file`)
 //! chronos-perf queue [--brokers host:port] [--postgres-url URL] [--rate 5000]
 //!                    [--duration-s 10] [--delay-ms 3000] [--partitions 2] [--cores 2] [--name NAME]
+//!                    [--grace-s 60]   (wait this long past the last deadline; arrivals after
+//!                     the first 60 s are reported as late, not lost)
+//!                    [--keep 1]   (keep the table, and leave the broker running with the topics)
 //! chronos-perf soak  [--duration-s 60] [--rate 200] [--seed N] [--cores 1]
 //!                    [--no-storage] [--keep] [--loopback]   (the fault soak: soak.rs)
 //! ```
@@ -20,6 +23,7 @@
 //! `<name>.json` and `<name>.svg` (a lateness CDF) under the output folder.
 //! Every run is bounded in time and count.
 
+mod account;
 mod report;
 mod soak;
 mod stages;
@@ -97,6 +101,7 @@ fn main() {
     let result = Args::parse().and_then(|a| match a.mode.as_str() {
         "http" => http_mode(&a),
         "queue" => queue_mode(&a),
+
         other => Err(format!("unknown mode {other}; use http, queue or soak")),
     });
     if let Err(e) = result {
@@ -819,6 +824,8 @@ fn queue_mode(a: &Args) -> Result<(), String> {
     let partitions: u32 = a.get("partitions", 2)?;
     let advance_ms: u64 = a.get("advance-ms", 50)?;
     let cores: usize = a.get("cores", 2)?;
+    let grace = Duration::from_secs(a.get("grace-s", GRACE_MAX.as_secs())?);
+    let keep = a.get("keep", 0u8)? != 0;
     let pg_url = a.str("postgres-url", "postgres://postgres@127.0.0.1:5432/test");
     let name = a.str("name", "queue");
     let out_dir = a.str("out-dir", "perf/results");
@@ -900,17 +907,22 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let arrivals = Arc::new(Mutex::new(Vec::with_capacity(total as usize)));
     let stop = Arc::new(AtomicBool::new(false));
+    // Distinct keys of the run seen so far.
+    let distinct = Arc::new(AtomicU64::new(0));
     let reader = {
-        let (arrivals, stop) = (arrivals.clone(), stop.clone());
+        let (arrivals, stop, distinct) = (arrivals.clone(), stop.clone(), distinct.clone());
         std::thread::spawn(move || {
+            let mut seen = vec![false; total as usize];
             while !stop.load(Ordering::Relaxed) {
                 if let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) {
                     let at_us = unix_us();
-                    let item = m
-                        .key()
-                        .and_then(|k| std::str::from_utf8(k).ok())
-                        .and_then(|k| k.parse().ok())
-                        .unwrap_or(u64::MAX);
+                    let item = account::key_of(m.key());
+                    if let Some(s) = seen.get_mut(item as usize) {
+                        if !*s {
+                            *s = true;
+                            distinct.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                     arrivals.lock().unwrap().push(Arrival {
                         item,
                         sequence: 1,
@@ -923,11 +935,13 @@ fn queue_mode(a: &Args) -> Result<(), String> {
     // Let the node's and the reader's group joins settle (tansu: ~half the
     // session timeout), so the first deadlines are not measured against it.
     std::thread::sleep(Duration::from_secs(4));
-    let producer: BaseProducer = ClientConfig::new()
+    // Every delivery report is kept: a message the broker never took is
+    // the harness's failure, not the node's.
+    let producer: BaseProducer<account::Acks> = ClientConfig::new()
         .set("bootstrap.servers", &brokers)
         .set("linger.ms", "5")
         .set("queue.buffering.max.messages", "1000000")
-        .create()
+        .create_with_context(account::Acks::default())
         .map_err(|e| e.to_string())?;
     let mut schedule = Schedule::default();
     let mut pids = vec![("chronos", nodes.children[0].id())];
@@ -982,11 +996,34 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let produce_secs = started.elapsed().as_secs_f64();
     let last_due = unix_us() + delay_ms * 1000;
-    let hard_stop = Instant::now() + Duration::from_millis(delay_ms) + GRACE_MAX;
-    while (arrivals.lock().unwrap().len() as u64) < total && Instant::now() < hard_stop {
+    let produced_at = Instant::now();
+    let standard_stop = produced_at + Duration::from_millis(delay_ms) + GRACE_MAX;
+    let standard_stop_unix_us = unix_us() + (delay_ms * 1000) + GRACE_MAX.as_micros() as u64;
+    let hard_stop = produced_at + Duration::from_millis(delay_ms) + grace;
+    // Arrivals by the standard wait's end (all of them, if all came first).
+    let mut at_standard: Option<u64> = None;
+    // The CPU window ends with the last arrival or the standard wait, not
+    // with a longer `--grace-s`.
+    let mut cpu = Some(cpu);
+    let mut cores_used = Vec::new();
+    loop {
+        let got = distinct.load(Ordering::Relaxed);
+        let now = Instant::now();
+        if at_standard.is_none() && (now >= standard_stop || got >= total) {
+            at_standard = Some(got);
+            cores_used = cpu
+                .take()
+                .map(stages::CpuWindow::finish)
+                .unwrap_or_default();
+        }
+        if got >= total || now >= hard_stop {
+            break;
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let cores_used = cpu.finish();
+    if let Some(c) = cpu.take() {
+        cores_used = c.finish();
+    }
     // A little longer, for duplicates.
     while unix_us() < last_due + 1_000_000 && Instant::now() < hard_stop {
         std::thread::sleep(Duration::from_millis(50));
@@ -997,9 +1034,35 @@ fn queue_mode(a: &Args) -> Result<(), String> {
     // The engine's own view: publish acknowledged minus deadline.
     let engine = scrape(nodes.addrs[0], "chronos_queue_lateness_seconds_bucket");
     let stage_list = stages::scrape_stages(nodes.addrs[0]);
+    let counters = queue_counters(nodes.addrs[0]);
+    // Stopped before the accounting, so that nothing moves under it (a
+    // kill: up to a second of stored offsets is not committed, which can
+    // only make a message look not yet taken, never lost).
     drop(nodes);
     let arrivals = arrivals.lock().unwrap().clone();
     let t = tally(&schedule, &arrivals);
+    let late_past_standard = arrivals_after(&arrivals, standard_stop_unix_us);
+    let missing = missing_keys(total, &arrivals);
+    let id_of = |k: u64| format!("{tag}-{k}");
+    let accounting = if missing.is_empty() {
+        None
+    } else {
+        let places = account::Places {
+            brokers: &brokers,
+            input: &input,
+            output: &output,
+            group: &table,
+            table: &table,
+            partitions,
+            id_of: &id_of,
+        };
+        Some(account::account(
+            &places,
+            total,
+            &missing,
+            producer.context(),
+        )?)
+    };
     let first = arrivals.iter().map(|a| a.at_us).min().unwrap_or(0);
     let last = arrivals.iter().map(|a| a.at_us).max().unwrap_or(0);
     let out_rate = if last > first {
@@ -1022,6 +1085,21 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         buckets.join(" ")
     );
     stages::print_stages(&stage_list);
+    let acked = producer.context().acked.load(Ordering::Relaxed);
+    let produce_failed = producer.context().failed.lock().unwrap().len();
+    println!("harness produce: {acked} acknowledged by the broker, {produce_failed} failed");
+    let c: Vec<String> = counters.iter().map(|(n, v)| format!("{n} {v}")).collect();
+    println!("node counters: {}", c.join(", "));
+    println!(
+        "arrived within the first {} s past the last deadline: {}; arrived later (late, not lost): {late_past_standard}; never arrived within {} s: {}",
+        GRACE_MAX.as_secs(),
+        at_standard.map_or("(the wait ended first)".to_string(), |n| n.to_string()),
+        grace.as_secs(),
+        missing.len()
+    );
+    if let Some(acc) = &accounting {
+        acc.print();
+    }
     let used: Vec<String> = cores_used
         .iter()
         .map(|(n, c)| format!("{n} {c:.2}"))
@@ -1041,6 +1119,11 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         "stages": stages::stages_json(&stage_list),
         "cores_used": cores_used.iter().map(|(n, c)| serde_json::json!({"process": n, "cores": c})).collect::<Vec<_>>(),
         "chronos_binary": chronos_binary().display().to_string(),
+        "grace_s": grace.as_secs(), "arrived_within_standard_grace": at_standard,
+        "arrived_after_standard_grace": late_past_standard, "never_arrived": missing.len(),
+        "produce_acked": acked, "produce_failed": produce_failed,
+        "node_counters": counters.iter().map(|(n, v)| (n.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+        "accounting": accounting.as_ref().map(account::Accounting::json),
     });
     let svg = svg_cdf(
         &format!("{name}: queue lateness (consumer arrival - (deadline - {advance_ms} ms))"),
@@ -1050,20 +1133,62 @@ fn queue_mode(a: &Args) -> Result<(), String> {
         ],
     );
     write_results(&out_dir, &name, &json, &svg)?;
-    let _ = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-qc",
-            &format!("DROP TABLE IF EXISTS {table}"),
-        ])
-        .output();
+    if keep {
+        println!("kept: table {table}, group {table}, topics {input} -> {output} on {brokers}");
+        // The broker (memory storage) is left running with the topics.
+        std::mem::forget(tansu);
+    } else {
+        let _ = account::psql(&format!("DROP TABLE IF EXISTS {table}"));
+    }
+    let lost = accounting
+        .as_ref()
+        .and_then(|a| a.fates.get(&account::Fate::Lost))
+        .map_or(0, Vec::len);
+    if lost > 0 {
+        return Err(format!(
+            "{lost} messages lost by the node (committed, not stored, not published)"
+        ));
+    }
     if t.lost > 0 {
-        return Err(format!("{} messages lost", t.lost));
+        return Err(format!(
+            "{} messages not delivered within {} s",
+            t.lost,
+            grace.as_secs()
+        ));
     }
     Ok(())
+}
+
+/// The node's queue counters (`chronos_queue_*_total`, unlabelled, and the
+/// rejections by reason).
+fn queue_counters(addr: SocketAddr) -> Vec<(String, f64)> {
+    metrics_text(addr)
+        .lines()
+        .filter(|l| {
+            l.starts_with("chronos_queue_")
+                && !l.contains("_bucket")
+                && !l.contains("_sum")
+                && !l.contains("_count")
+        })
+        .filter_map(|l| {
+            let (name, v) = l.rsplit_once(' ')?;
+            Some((name.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Distinct keys whose first arrival came after `unix_us`.
+fn arrivals_after(arrivals: &[Arrival], unix_us: u64) -> u64 {
+    let mut first: HashMap<u64, u64> = HashMap::new();
+    for a in arrivals {
+        let e = first.entry(a.item).or_insert(a.at_us);
+        *e = (*e).min(a.at_us);
+    }
+    first.values().filter(|&&at| at > unix_us).count() as u64
+}
+
+/// The run's keys `0..total` that never arrived.
+fn missing_keys(total: u64, arrivals: &[Arrival]) -> Vec<u64> {
+    let seen: std::collections::HashSet<u64> = arrivals.iter().map(|a| a.item).collect();
+    (0..total).filter(|k| !seen.contains(k)).collect()
 }

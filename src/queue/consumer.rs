@@ -4,8 +4,12 @@
 //! messages or in bytes), the message waits in the thread and its partition
 //! is paused; the thread keeps polling (so the group's rebalances and
 //! `max.poll.interval.ms` are served), hands what waits over in order as the
-//! shard makes room, and then resumes the partitions.
+//! shard makes room, and then resumes the partitions. Each message passes
+//! the gap guard first (`gaps.rs`): where the broker skipped records, as
+//! tansu does on a resume inside a record batch, the partition is fetched
+//! again.
 
+use super::gaps::{Gaps, Verdict};
 use super::headers::HeaderList;
 use super::producer::{deliveries_max, DeliveryRouter};
 use super::{new_uuid, QueueConfig, QueueShared, INBOX_CAPACITY};
@@ -13,7 +17,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::ThreadedProducer;
-use rdkafka::TopicPartitionList;
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,6 +28,10 @@ const KAFKA_PROBE_EVERY: Duration = Duration::from_secs(2);
 /// The consumer's poll timeout; shorter while messages wait for room.
 const POLL: Duration = Duration::from_millis(100);
 const POLL_WAITING: Duration = Duration::from_millis(10);
+/// The gap guard's look-up of a committed offset, and its seek, each wait
+/// at most this long.
+const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
+const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A message from the input topic, owned, on its way to a shard.
 pub struct Inbound {
@@ -151,8 +159,10 @@ fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<I
     let mut last_probe: Option<Instant> = None;
     while !shared.stopped.load(Ordering::Relaxed) {
         if h.stall.check(&shared) {
-            // Out of the group: what waits is dropped (see StallWatch).
+            // Out of the group: what waits is dropped (see StallWatch), and
+            // must be let through again when it is fetched again.
             h.waiting.iter_mut().for_each(|w| w.messages.clear());
+            h.gaps.reset();
         }
         // Readiness: can the broker be reached? (An idle topic yields no
         // messages, so ask for metadata now and then.)
@@ -167,6 +177,7 @@ fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<I
         if !h.drain() {
             return;
         }
+        h.seek_silent();
         let timeout = if h.any_waiting() { POLL_WAITING } else { POLL };
         let Some(result) = shared.consumer.poll(timeout) else {
             continue;
@@ -185,6 +196,22 @@ fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<I
         if !h.offer(inbound_of(&m)) {
             return;
         }
+    }
+}
+
+/// The group's committed offset of `partition` (`None`: none, or the
+/// broker did not say within [`COMMITTED_TIMEOUT`]).
+fn committed_offset(
+    consumer: &BaseConsumer<DefaultConsumerContext>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let got = consumer.committed_offsets(tpl, COMMITTED_TIMEOUT).ok()?;
+    match got.find_partition(topic, partition)?.offset() {
+        Offset::Offset(n) => Some(n),
+        _ => None,
     }
 }
 
@@ -227,6 +254,7 @@ struct Handoff<'a> {
     inboxes: Vec<async_channel::Sender<Inbound>>,
     waiting: Vec<Waiting>,
     stall: super::failure::StallWatch,
+    gaps: Gaps,
 }
 
 impl<'a> Handoff<'a> {
@@ -237,6 +265,7 @@ impl<'a> Handoff<'a> {
             waiting: inboxes.iter().map(|_| Waiting::default()).collect(),
             inboxes,
             stall: Default::default(),
+            gaps: Gaps::default(),
         }
     }
 
@@ -264,7 +293,7 @@ impl<'a> Handoff<'a> {
     /// Hand `m` to its shard, or keep it behind what already waits for that
     /// shard and pause its partition. `false` when the inbox is closed.
     fn offer(&mut self, m: Inbound) -> bool {
-        if self.stall.is_out() {
+        if self.stall.is_out() || !self.guard(&m) {
             return true;
         }
         let s = m.partition.unsigned_abs() as usize % self.inboxes.len();
@@ -278,6 +307,62 @@ impl<'a> Handoff<'a> {
         }
         self.waiting[s].messages.push_back(m);
         true
+    }
+
+    /// The gap guard (`gaps.rs`): `false` when `m` is dropped (handed over
+    /// before, or to be fetched again after a seek back).
+    fn guard(&mut self, m: &Inbound) -> bool {
+        let consumer = &self.shared.consumer;
+        let topic = self.shared.config.input_topic.as_str();
+        let committed = || committed_offset(consumer, topic, m.partition);
+        let now = Instant::now();
+        let from = match self.gaps.check(m.partition, m.offset, now, committed) {
+            Verdict::Accept => return true,
+            Verdict::Drop => return false,
+            Verdict::Seek(from) => from,
+        };
+        let why = format!("offset {} came where an earlier one was due", m.offset);
+        if self.seek_back(m.partition, from, &why, true) {
+            return false;
+        }
+        self.gaps.abandon(m.partition, m.offset);
+        true
+    }
+
+    /// Seek `partition` back to `from` (the gap guard's verdict, for
+    /// `why`; logged as a warning when `loud`, else at debug level: a
+    /// partition silent after its resume is the common case with any
+    /// broker); `false` if the seek failed.
+    fn seek_back(&self, partition: i32, from: i64, why: &str, loud: bool) -> bool {
+        let topic = self.shared.config.input_topic.as_str();
+        let offset = Offset::Offset(from);
+        match self
+            .shared
+            .consumer
+            .seek(topic, partition, offset, SEEK_TIMEOUT)
+        {
+            Ok(()) if loud => {
+                tracing::warn!(target: "chronos::queue", partition, "input {why}: fetching the partition again from {from} (a broker that skips the rest of a record batch on a fetch from inside it, as tansu 0.6 does; or records compacted away)");
+                true
+            }
+            Ok(()) => {
+                tracing::debug!(target: "chronos::queue", partition, "input {why}: fetching the partition again from {from}");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(target: "chronos::queue", partition, "input {why}, and the seek back to {from} failed ({e}): going on without it");
+                false
+            }
+        }
+    }
+
+    /// Seek back the partitions silent since a resume or a seek back.
+    fn seek_silent(&mut self) {
+        for (partition, from) in self.gaps.silent(Instant::now()) {
+            if !self.seek_back(partition, from, "partition silent after a resume", false) {
+                self.gaps.give_up(partition);
+            }
+        }
     }
 
     /// Hand over what waits, in order, as far as there is room; resume a
@@ -300,6 +385,7 @@ impl<'a> Handoff<'a> {
             if self.waiting[s].messages.is_empty() && self.half_empty(s) {
                 for p in std::mem::take(&mut self.waiting[s].paused) {
                     self.pause_resume(p, false);
+                    self.gaps.resumed(p, Instant::now());
                 }
             }
         }

@@ -13,7 +13,8 @@
 //! - one librdkafka consumer per node, polled by a plain thread
 //!   (`consumer.rs`), which hands each message to the shard owning its
 //!   partition (`partition % shards`) over a bounded awaitable channel
-//!   (pausing the partition while the shard has no room);
+//!   (pausing the partition while the shard has no room), and fetches a
+//!   partition again where the broker skipped records (`gaps.rs`);
 //! - one librdkafka producer per node (and one that sends batches of one
 //!   message, for a message whose batch was refused); their delivery
 //!   callback routes each acknowledgement back to the shard that sent the
@@ -50,6 +51,7 @@ mod delete;
 mod enqueue;
 mod failure;
 mod fire;
+mod gaps;
 pub mod headers;
 pub mod pg;
 mod producer;

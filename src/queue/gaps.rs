@@ -1,0 +1,431 @@
+//! The consumer thread's gap guard: a forward jump in a partition's
+//! offsets is checked before the message is handed over.
+//!
+//! A Kafka broker answers a fetch from an offset inside a record batch with
+//! that whole batch (librdkafka skips the records before the offset).
+//! tansu 0.6 (memory storage) answers with the batches that *start* at or
+//! after the offset, so a consumer that fetches from inside a batch never
+//! sees the rest of it, and once it stores a later offset the skipped
+//! messages are committed past: lost. librdkafka fetches from inside a
+//! batch whenever it resumes a paused partition (the consumer thread
+//! pauses a partition while its shard has no room) and whenever it starts
+//! from a committed offset. At 50 k messages/s the node lost 264 of
+//! 500,000 so (perf/README, "Issue 22: the delay queue at 50 k/s").
+//!
+//! So, per partition, the guard knows the next offset it expects (after
+//! the highest one it let through; at the first message, the group's
+//! committed offset). A message past it is held back (dropped, to be
+//! fetched again) and the partition is sought back to just before the
+//! expected offset, then twice as far back each time the broker again
+//! answers past it, until a record at or before the expected one comes:
+//! from there the broker's answer is contiguous, the records before the
+//! expected offset (already handed over) are dropped and the rest flow
+//! as before. When even the beginning of the partition answers past it,
+//! the records in between do not exist (compaction, retention, transaction
+//! markers) and the jump is let through. A resumed partition that stays
+//! silent for [`SILENCE`] is sought back the same way (the rest of the
+//! batch it resumed in is never returned, and nothing after it may come
+//! for a long time), and so is a sought one. Against a Kafka broker the
+//! guard costs one look-up of the committed offset per partition and
+//! (re)start, one short fetch per genuine gap, and one per resume of a
+//! partition that then stays silent.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How long a partition may stay silent after a resume or a seek back
+/// before the guard seeks (further) back.
+pub const SILENCE: Duration = Duration::from_millis(500);
+
+/// Seeks back for one gap, at most (2^40 records back: the beginning of
+/// any partition).
+const SEEK_STEPS_MAX: u32 = 40;
+
+/// What to do with a polled message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand it over as usual.
+    Accept,
+    /// Drop it: it was handed over before, or it will be fetched again.
+    Drop,
+    /// Drop it and seek its partition to this offset; if the seek fails,
+    /// call [`Gaps::abandon`] and hand it over after all.
+    Seek(i64),
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum State {
+    #[default]
+    Normal,
+    /// Resumed after a pause (at `since`): `target` should come first.
+    Awaiting { target: i64, since: Instant },
+    /// Sought back to `from` (at `since`), for `target`, the `steps`th time.
+    Seeking {
+        target: i64,
+        from: i64,
+        steps: u32,
+        since: Instant,
+    },
+    /// The broker answers contiguously from before `target`: drop until it.
+    Skipping { target: i64 },
+}
+
+#[derive(Default)]
+struct Part {
+    /// The offset after the highest one let through.
+    next: Option<i64>,
+    state: State,
+}
+
+/// Per partition: the expected offset and the guard's state.
+#[derive(Default)]
+pub struct Gaps {
+    parts: HashMap<i32, Part>,
+}
+
+impl Gaps {
+    /// The verdict on a message at `offset` of `partition`. `committed`
+    /// (the group's committed offset, `None` if there is none or it cannot
+    /// be had) is asked at most once, only for a partition's first message
+    /// and for a jump.
+    pub fn check(
+        &mut self,
+        partition: i32,
+        offset: i64,
+        now: Instant,
+        committed: impl FnOnce() -> Option<i64>,
+    ) -> Verdict {
+        let part = self.parts.entry(partition).or_default();
+        match part.state {
+            State::Normal => part.normal(offset, now, committed),
+            State::Awaiting { target, .. } if offset <= target => part.accept(offset),
+            State::Awaiting { target, .. } => part.start_seek(target, now),
+            State::Seeking {
+                target,
+                from,
+                steps,
+                ..
+            } => part.seeking(offset, (target, from, steps), now),
+            State::Skipping { target } => part.skipping(offset, target),
+        }
+    }
+
+    /// `partition` was resumed at `now`: what it let through last should
+    /// be followed by its next offset.
+    pub fn resumed(&mut self, partition: i32, now: Instant) {
+        if let Some(part) = self.parts.get_mut(&partition) {
+            if let (State::Normal, Some(target)) = (part.state, part.next) {
+                part.state = State::Awaiting { target, since: now };
+            }
+        }
+    }
+
+    /// The partitions silent for [`SILENCE`] since a resume or a seek
+    /// back, each with the offset to seek (further) back to; one given up
+    /// on (sought back to the beginning) is let be.
+    pub fn silent(&mut self, now: Instant) -> Vec<(i32, i64)> {
+        let mut seeks = Vec::new();
+        for (&partition, part) in self.parts.iter_mut() {
+            let verdict = match part.state {
+                State::Awaiting { target, since }
+                    if now.saturating_duration_since(since) >= SILENCE =>
+                {
+                    part.start_seek(target, now)
+                }
+                State::Seeking {
+                    target,
+                    from,
+                    steps,
+                    since,
+                } if now.saturating_duration_since(since) >= SILENCE => part
+                    .seek_further((target, from, steps), now)
+                    .unwrap_or_else(|| {
+                        part.state = State::Normal;
+                        Verdict::Accept
+                    }),
+                _ => continue,
+            };
+            if let Verdict::Seek(from) = verdict {
+                seeks.push((partition, from));
+            }
+        }
+        seeks
+    }
+
+    /// A seek back for `partition` failed: back to letting everything
+    /// through.
+    pub fn give_up(&mut self, partition: i32) {
+        if let Some(part) = self.parts.get_mut(&partition) {
+            part.state = State::Normal;
+        }
+    }
+
+    /// The seek for the message at `offset` of `partition` failed: it is
+    /// let through after all (as before the guard).
+    pub fn abandon(&mut self, partition: i32, offset: i64) {
+        self.parts.entry(partition).or_default().accept(offset);
+    }
+
+    /// Forget every partition (the consumer dropped messages it had let
+    /// through: they must be let through again when fetched again).
+    pub fn reset(&mut self) {
+        self.parts.clear();
+    }
+
+    /// Whether `partition` is being recovered (messages held back).
+    #[cfg(test)]
+    pub fn recovering(&self, partition: i32) -> bool {
+        self.parts
+            .get(&partition)
+            .is_some_and(|p| p.state != State::Normal)
+    }
+}
+
+impl Part {
+    fn accept(&mut self, offset: i64) -> Verdict {
+        self.state = State::Normal;
+        let after = offset.saturating_add(1);
+        self.next = Some(self.next.map_or(after, |n| n.max(after)));
+        Verdict::Accept
+    }
+
+    fn normal(
+        &mut self,
+        offset: i64,
+        now: Instant,
+        committed: impl FnOnce() -> Option<i64>,
+    ) -> Verdict {
+        let target = match self.next {
+            Some(next) if offset <= next => return self.accept(offset),
+            // Past what it let through: unless another member consumed and
+            // committed in between, some records were skipped.
+            Some(next) => committed().map_or(next, |c| c.max(next)),
+            // The first message: it should be the committed offset's.
+            None => match committed() {
+                Some(c) if c >= 0 => c,
+                _ => return self.accept(offset),
+            },
+        };
+        if offset <= target {
+            return self.accept(offset);
+        }
+        self.start_seek(target, now)
+    }
+
+    /// Seek back to just before `target`.
+    fn start_seek(&mut self, target: i64, now: Instant) -> Verdict {
+        let from = target.saturating_sub(1).max(0);
+        self.state = State::Seeking {
+            target,
+            from,
+            steps: 1,
+            since: now,
+        };
+        Verdict::Seek(from)
+    }
+
+    /// Seek twice as far back as last time; `None` once the beginning
+    /// (or the step bound) was reached: nothing in between can be had.
+    fn seek_further(
+        &mut self,
+        (target, from, steps): (i64, i64, u32),
+        now: Instant,
+    ) -> Option<Verdict> {
+        if from == 0 || steps >= SEEK_STEPS_MAX {
+            return None;
+        }
+        let back = (target - from).saturating_mul(2);
+        let from = target.saturating_sub(back).max(0);
+        self.state = State::Seeking {
+            target,
+            from,
+            steps: steps + 1,
+            since: now,
+        };
+        Some(Verdict::Seek(from))
+    }
+
+    fn seeking(&mut self, offset: i64, sought: (i64, i64, u32), now: Instant) -> Verdict {
+        let target = sought.0;
+        if offset < target {
+            // At or before the expected record: contiguous from here.
+            self.state = State::Skipping { target };
+            return Verdict::Drop;
+        }
+        if offset == target {
+            return self.accept(offset);
+        }
+        // Past it again: further back, or (nothing in between exists) let
+        // the jump through.
+        match self.seek_further(sought, now) {
+            Some(v) => v,
+            None => self.accept(offset),
+        }
+    }
+
+    fn skipping(&mut self, offset: i64, target: i64) -> Verdict {
+        if offset < target {
+            Verdict::Drop
+        } else {
+            self.accept(offset)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(g: &mut Gaps, offsets: &[i64], committed: Option<i64>) -> Vec<Verdict> {
+        let now = Instant::now();
+        offsets
+            .iter()
+            .map(|&o| g.check(0, o, now, || committed))
+            .collect()
+    }
+
+    use Verdict::{Accept as A, Drop as D, Seek as S};
+
+    #[test]
+    fn contiguous_offsets_and_duplicates_flow() {
+        let mut g = Gaps::default();
+        assert_eq!(
+            run(&mut g, &[5, 6, 7, 3, 4, 5, 6, 7, 8], Some(5)),
+            [A, A, A, A, A, A, A, A, A]
+        );
+        assert!(!g.recovering(0));
+    }
+
+    /// tansu: a fetch from 10 (inside the batch 8..=14) returns 15 first;
+    /// from 9 also 15; from 8, the batch itself.
+    #[test]
+    fn a_skipped_batch_tail_is_fetched_again_and_the_rest_flows() {
+        let mut g = Gaps::default();
+        assert_eq!(run(&mut g, &[7, 8, 9], None), [A, A, A]);
+        assert_eq!(run(&mut g, &[15], None), [S(9)]);
+        assert!(g.recovering(0));
+        assert_eq!(run(&mut g, &[15], None), [S(8)]);
+        let again = run(&mut g, &[8, 9, 10, 11, 12, 13, 14, 15, 16], None);
+        assert_eq!(again, [D, D, A, A, A, A, A, A, A]);
+        assert!(!g.recovering(0));
+    }
+
+    /// Kafka with records 10..=14 compacted away: the fetch from 9 answers
+    /// 9 then 15, and 15 is let through.
+    #[test]
+    fn a_genuine_gap_costs_one_fetch() {
+        let mut g = Gaps::default();
+        assert_eq!(run(&mut g, &[8, 9, 15], None), [A, A, S(9)]);
+        assert_eq!(run(&mut g, &[9, 15, 16], None), [D, A, A]);
+    }
+
+    /// Nothing before 15 exists any more: the seeks reach the beginning
+    /// and the jump is let through.
+    #[test]
+    fn a_gap_back_to_the_beginning_is_let_through() {
+        let mut g = Gaps::default();
+        assert_eq!(run(&mut g, &[9, 15], None), [A, S(9)]);
+        assert_eq!(
+            run(&mut g, &[15, 15, 15, 15], None),
+            [S(8), S(6), S(2), S(0)]
+        );
+        assert_eq!(run(&mut g, &[15, 16], None), [A, A]);
+    }
+
+    #[test]
+    fn the_first_message_is_checked_against_the_committed_offset() {
+        let mut g = Gaps::default();
+        assert_eq!(run(&mut g, &[150], Some(100)), [S(99)]);
+        assert_eq!(
+            run(&mut g, &[120, 99, 100, 101], Some(100)),
+            [S(98), D, A, A]
+        );
+        let mut g = Gaps::default();
+        assert_eq!(run(&mut g, &[150, 151], None), [A, A], "nothing committed");
+        let mut g = Gaps::default();
+        assert_eq!(run(&mut g, &[100, 101], Some(100)), [A, A]);
+    }
+
+    /// Another member consumed and committed up to 40 meanwhile: 40 is
+    /// expected; past it is checked.
+    #[test]
+    fn a_jump_to_the_committed_offset_flows() {
+        let mut g = Gaps::default();
+        assert_eq!(run(&mut g, &[9, 40, 41], Some(40)), [A, A, A]);
+        assert_eq!(run(&mut g, &[50], Some(45)), [S(44)]);
+    }
+
+    #[test]
+    fn abandon_and_reset_let_everything_through() {
+        let mut g = Gaps::default();
+        assert_eq!(run(&mut g, &[9, 15], None), [A, S(9)]);
+        g.abandon(0, 15);
+        assert!(!g.recovering(0));
+        assert_eq!(run(&mut g, &[16, 30], None), [A, S(16)]);
+        g.reset();
+        assert_eq!(run(&mut g, &[3, 4], None), [A, A]);
+    }
+
+    #[test]
+    fn partitions_are_independent() {
+        let mut g = Gaps::default();
+        let now = Instant::now();
+        assert_eq!(g.check(0, 9, now, || None), A);
+        assert_eq!(g.check(1, 100, now, || None), A);
+        assert_eq!(g.check(0, 15, now, || None), S(9));
+        assert_eq!(g.check(1, 101, now, || None), A);
+        assert!(g.recovering(0) && !g.recovering(1));
+    }
+
+    /// tansu: resumed at 10, inside the batch 4..=12, the last one: nothing
+    /// comes; silent, the guard seeks back 9, 8, 6, 2, and the batch comes.
+    #[test]
+    fn a_partition_silent_after_its_resume_is_sought_back() {
+        let mut g = Gaps::default();
+        let t0 = Instant::now();
+        assert_eq!(run(&mut g, &[8, 9], None), [A, A]);
+        g.resumed(0, t0);
+        assert!(g.silent(t0 + SILENCE / 2).is_empty());
+        let mut at = t0;
+        for from in [9, 8, 6, 2] {
+            at += SILENCE;
+            assert_eq!(g.silent(at), [(0, from)]);
+        }
+        assert_eq!(g.check(0, 4, at, || None), D);
+        assert_eq!(run(&mut g, &[9, 10, 11], None), [D, A, A]);
+        assert!(g.silent(at + SILENCE * 10).is_empty(), "recovered");
+    }
+
+    /// Kafka: a resumed partition's next record comes (or, silent, the
+    /// one seek back answers at once).
+    #[test]
+    fn a_resumed_partition_that_answers_costs_nothing() {
+        let mut g = Gaps::default();
+        let t0 = Instant::now();
+        assert_eq!(run(&mut g, &[8, 9], None), [A, A]);
+        g.resumed(0, t0);
+        assert_eq!(g.check(0, 10, t0, || None), A);
+        assert!(g.silent(t0 + SILENCE * 2).is_empty());
+        g.resumed(0, t0);
+        assert_eq!(g.silent(t0 + SILENCE), [(0, 10)]);
+        assert_eq!(run(&mut g, &[10], None), [D]);
+        assert!(g.silent(t0 + SILENCE * 4).is_empty(), "skipping: no timer");
+        assert_eq!(run(&mut g, &[11, 12], None), [A, A]);
+    }
+
+    /// Sought back to the beginning without an answer: let be.
+    #[test]
+    fn silence_down_to_the_beginning_is_given_up() {
+        let mut g = Gaps::default();
+        let t0 = Instant::now();
+        assert_eq!(run(&mut g, &[0, 1], None), [A, A]);
+        g.resumed(0, t0);
+        assert_eq!(g.silent(t0 + SILENCE), [(0, 1)]);
+        assert_eq!(g.silent(t0 + SILENCE * 2), [(0, 0)]);
+        assert!(g.silent(t0 + SILENCE * 3).is_empty());
+        assert!(!g.recovering(0));
+        g.resumed(0, t0);
+        g.give_up(0);
+        assert!(!g.recovering(0));
+    }
+}
