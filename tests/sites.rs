@@ -198,7 +198,19 @@ fn four_sites_three_killed_the_survivor_pops_all_within_19_s() {
     let left = (created + Duration::from_secs(19)).saturating_duration_since(Instant::now());
     sink.wait_for(100, left);
     let per = per_path(&sink);
-    assert_eq!(per.len(), 100, "{} of 100 popped within 19 s", per.len());
+    if per.len() < 100 {
+        // Say whether the missing ones were late or lost.
+        sink.wait_for(100, Duration::from_secs(20));
+        let missing: Vec<String> = (0..4)
+            .flat_map(|i| (0..25).map(move |n| format!("/s{i}/{n}")))
+            .filter(|path| !per.contains_key(path))
+            .collect();
+        let late = per_path(&sink).len() - per.len();
+        panic!(
+            "{} of 100 popped within 19 s; of the missing {missing:?}, {late} popped within 20 s more",
+            per.len()
+        );
+    }
 }
 
 /// Timers created at both sites and deleted at the other one: no pops,

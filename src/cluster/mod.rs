@@ -151,6 +151,12 @@ impl Cluster {
     ) -> usize {
         let n = self.nodes.len();
         let factor = factor.clamp(1, n);
+        if n == 1 {
+            // One node: the only ranking there is (no 1 KiB table to
+            // clear, no hash).
+            out[0] = 0;
+            return 1;
+        }
         let key = unique_id.to_le_bytes();
         let mut ranked = [(0u32, 0usize); NODES_MAX];
         for (i, node) in self.nodes.iter().enumerate() {

@@ -240,7 +240,12 @@ impl Shard {
     }
 
     fn next_version(&self) -> u64 {
-        let v = clock::unix_us().max(self.last_version_us.get() + 1);
+        self.next_version_at(clock::unix_us())
+    }
+
+    /// [`Shard::next_version`] with the wall clock (µs) already read.
+    fn next_version_at(&self, now_us: u64) -> u64 {
+        let v = now_us.max(self.last_version_us.get() + 1);
         assert!(v > self.last_version_us.get(), "versions strictly increase");
         self.last_version_us.set(v);
         v

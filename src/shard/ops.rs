@@ -58,7 +58,9 @@ impl Shard {
         self.view.without_me(mask)
     }
 
-    fn client_head(&self, id: TimerId, spec: &TimerSpec, pl: &Placement) -> TimerHead {
+    /// The head of a client's incarnation; `now_us`: the wall clock
+    /// (`clock::unix_us`) the version comes from.
+    fn client_head(&self, id: TimerId, spec: &TimerSpec, pl: &Placement, now_us: u64) -> TimerHead {
         let factor_requested = self.factor_requested(spec);
         assert!(
             pl.count <= factor_requested as usize,
@@ -67,7 +69,7 @@ impl Shard {
         TimerHead {
             id,
             start_ms: clock::now_ms_ceil(),
-            version: self.next_version(),
+            version: self.next_version_at(now_us),
             interval_ms: spec.interval_ms,
             repeat_for_ms: spec.repeat_for_ms,
             sequence: 0,
@@ -87,14 +89,16 @@ impl Shard {
     /// A node that is not a replica keeps nothing: the ID is new, so there
     /// is nothing here for a tombstone to supersede.
     pub fn create(&self, spec: &TimerSpec) -> Result<TimerId, OpError> {
-        let unique = self.store.borrow_mut().ids.next(clock::unix_ms());
+        // One wall-clock read for the ID's ms and the version's µs.
+        let now_us = clock::unix_us();
+        let unique = self.store.borrow_mut().ids.next(now_us / 1000);
         assert_eq!(shard_of(unique, self.shards), self.id, "a POST never hops");
         let pl = self.placement(unique, self.factor_requested(spec) as usize);
         let id = TimerId {
             unique,
             bloom: pl.bloom,
         };
-        let head = self.client_head(id, spec, &pl);
+        let head = self.client_head(id, spec, &pl, now_us);
         self.check_backed(&pl, spec)?;
         if pl.my_index.is_some() {
             self.apply(head, Some(spec), true)?;
@@ -148,7 +152,7 @@ impl Shard {
             unique: id.unique,
             bloom: pl.bloom,
         };
-        let head = self.client_head(new_id, &spec, &pl);
+        let head = self.client_head(new_id, &spec, &pl, clock::unix_us());
         self.check_backed(&pl, &spec)?;
         let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(id.bloom));
         self.replicate_spec(&head, &spec, &pl, targets);

@@ -76,15 +76,19 @@ impl Shard {
         callback: (&str, &str),
         tags: &[(&str, u32)],
     ) {
-        let sites = &self.resolved.sites;
-        if !sites.replicating() || head.sites == SITES_NONE {
+        if !self.sends_to_sites(head) {
             return;
         }
-        let names = sites.names(head.sites);
+        let names = self.resolved.sites.names(head.sites);
         let body = body_of(head, callback, tags, &[], &names, self.cluster().view_id);
         for slot in Sites::remote_in(head.sites) {
             self.sites_out.send(slot - 1, head.id, &body);
         }
+    }
+
+    /// Whether [`Shard::send_to_sites`] sends `head` anywhere.
+    fn sends_to_sites(&self, head: &TimerHead) -> bool {
+        self.resolved.sites.replicating() && head.sites != SITES_NONE
     }
 
     /// Send the replication message for a client operation to `targets`
@@ -96,6 +100,11 @@ impl Shard {
         pl: &Placement,
         targets: u64,
     ) {
+        // Nothing to send (one node, one site): no replica names and tag
+        // table to fill (1.8 KiB of arrays per POST).
+        if targets == 0 && !self.sends_to_sites(head) {
+            return;
+        }
         let cluster = self.cluster();
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];

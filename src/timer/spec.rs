@@ -8,6 +8,8 @@ use serde::Deserialize;
 use std::borrow::Cow;
 use std::fmt;
 
+mod fast;
+
 /// The longest callback URI accepted.
 pub const URI_BYTES_MAX: usize = 8 * 1024;
 /// Tags per timer.
@@ -75,7 +77,7 @@ impl TimerSpec<'_> {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize, PartialEq)]
 #[serde(expecting = "a JSON object")]
 struct RawTimer<'a> {
     timing: Option<RawTiming>,
@@ -87,7 +89,7 @@ struct RawTimer<'a> {
     statistics: Option<RawStatistics<'a>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize, PartialEq)]
 #[serde(expecting = "timing to be an object")]
 struct RawTiming {
     // `Value`, not `Number`, so a wrong type gets a reason naming the field.
@@ -106,12 +108,13 @@ struct RawTiming {
 
 /// `callback`: one key naming the mechanism. Only `http` is supported; an
 /// empty object is a tombstone's callback.
+#[derive(Debug, PartialEq)]
 struct RawCallback<'a> {
     http: Option<RawHttp<'a>>,
     other: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize, PartialEq)]
 #[serde(expecting = "callback.http to be an object with uri and opaque")]
 struct RawHttp<'a> {
     #[serde(borrow, default, deserialize_with = "opt_text")]
@@ -158,7 +161,7 @@ fn opt_text<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'a, st
     Ok(Option::<Text<'a>>::deserialize(d)?.map(|t| t.0))
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize, PartialEq)]
 #[serde(expecting = "reliability to be an object")]
 struct RawReliability<'a> {
     #[serde(rename = "replication-factor")]
@@ -176,14 +179,14 @@ struct RawReliability<'a> {
     sites: Option<Vec<Cow<'a, str>>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize, PartialEq)]
 #[serde(expecting = "statistics to be an object")]
 struct RawStatistics<'a> {
     #[serde(rename = "tag-info", borrow)]
     tag_info: Option<Vec<RawTag<'a>>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize, PartialEq)]
 #[serde(expecting = "each statistics.tag-info entry to be an object with type and count")]
 struct RawTag<'a> {
     #[serde(rename = "type", borrow, default, deserialize_with = "opt_text")]
@@ -291,14 +294,44 @@ pub type CheckUri = fn(&str) -> Result<(), String>;
 
 /// Parse and validate a timer body; `check_uri` validates the callback URI.
 pub fn parse(body: &[u8], check_uri: CheckUri) -> Result<TimerSpec<'_>, String> {
+    validate(read(body, true)?, check_uri)
+}
+
+/// [`parse`] with serde alone (no fast reader), for the differential
+/// fuzz target and tests.
+#[doc(hidden)]
+pub fn parse_serde_only(body: &[u8], check_uri: CheckUri) -> Result<TimerSpec<'_>, String> {
+    validate(read(body, false)?, check_uri)
+}
+
+/// `None` when the fast reader declines `body`; else whether what it read
+/// equals serde's reading (which must then succeed): `Some(false)` is a
+/// bug.
+#[doc(hidden)]
+pub fn fast_reader_agrees(body: &[u8]) -> Option<bool> {
+    let fast = fast::raw_timer(body)?;
+    Some(read(body, false).is_ok_and(|raw| raw == fast))
+}
+
+/// The body's JSON, as the raw structs; `fast`: try the single-pass
+/// reader first (`fast.rs`), serde when it declines.
+fn read(body: &[u8], fast: bool) -> Result<RawTimer<'_>, String> {
     // serde would also accept a struct written as an array; the API wants an object.
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {}
         None => return Err("invalid JSON body: the body is empty; expected a JSON object".into()),
         Some(_) => return Err("invalid JSON body: expected a JSON object".into()),
     }
-    let raw: RawTimer =
-        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    if fast {
+        if let Some(raw) = fast::raw_timer(body) {
+            return Ok(raw);
+        }
+    }
+    serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))
+}
+
+/// The raw body's fields checked and converted.
+fn validate(raw: RawTimer<'_>, check_uri: CheckUri) -> Result<TimerSpec<'_>, String> {
     let timing = raw.timing.ok_or("missing timing object")?;
     let (interval_ms, repeat_for_ms) = parse_timing(&timing)?;
     let replication = parse_replication(&timing, raw.reliability.as_ref())?;

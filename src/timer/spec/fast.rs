@@ -1,0 +1,742 @@
+//! A single-pass reader for the timer bodies clients send, ahead of serde.
+//!
+//! It builds the same raw structs serde_json's derive does, for the bodies
+//! it understands, and validation then runs on them unchanged: so every
+//! reason, and every edge case of the numbers, stays serde's. It declines
+//! (`None`, and the caller runs serde) on anything else: escapes, control
+//! or non-ASCII bytes where it does not need them, negative numbers,
+//! exponents, more than 15 significant digits with a fraction, integers
+//! beyond `u64`, duplicate keys, a non-object where an object is expected,
+//! a type serde would refuse or carry as another `Value`, an integer out
+//! of a field's range, a callback mechanism other than `http`, unknown
+//! values nested deeper than [`SKIP_DEPTH_MAX`], and any syntax error.
+//! Declining costs a second parse; accepting what serde refuses, or
+//! reading a value other than serde's, is a bug (fuzz target
+//! `timer_json_fast` holds the two equal).
+
+use super::{
+    integral, RawCallback, RawHttp, RawReliability, RawStatistics, RawTag, RawTimer, RawTiming,
+};
+use serde_json::{Number, Value};
+use std::borrow::Cow;
+
+/// Nesting the reader skips in the value of an unknown key (serde_json
+/// allows 128 levels in all).
+const SKIP_DEPTH_MAX: u32 = 16;
+
+/// `10^k`, exact in an `f64` (as serde_json's table is up to `1e22`).
+const POW10: [f64; 16] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+];
+
+/// The raw timer, when the reader understands the whole body.
+pub(super) fn raw_timer(body: &[u8]) -> Option<RawTimer<'_>> {
+    let mut c = Cursor { b: body, i: 0 };
+    let raw = c.timer()?;
+    c.ws();
+    (c.i == body.len()).then_some(raw)
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each zero byte of `w` set (and possibly of bytes above
+/// a zero byte: the lowest set bit is exact).
+fn zero_byte(w: u64) -> u64 {
+    w.wrapping_sub(ONES) & !w & HIGHS
+}
+
+/// Marks `bit` seen; `None` (decline) when it already was: serde's derive
+/// refuses a duplicate field.
+fn first(seen: &mut u8, bit: u8) -> Option<()> {
+    let fresh = *seen & bit == 0;
+    *seen |= bit;
+    fresh.then_some(())
+}
+
+impl<'a> Cursor<'a> {
+    /// JSON's whitespace (not `is_ascii_whitespace`: no form feed).
+    #[inline]
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    /// The next byte after whitespace, not consumed.
+    #[inline]
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.b.get(self.i).copied()
+    }
+
+    #[inline]
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.peek()? == byte).then(|| self.i += 1)
+    }
+
+    fn word(&mut self, word: &[u8]) -> Option<()> {
+        self.ws();
+        self.b[self.i..]
+            .starts_with(word)
+            .then(|| self.i += word.len())
+    }
+
+    /// Consumes a `null`, if that is what comes next.
+    fn null(&mut self) -> bool {
+        self.word(b"null").is_some()
+    }
+
+    /// `None` for `null`, else `read`'s value (the `Option` fields).
+    #[inline]
+    fn opt<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
+        if self.null() {
+            return Some(None);
+        }
+        read(self).map(Some)
+    }
+
+    /// An object, `member` reading each value (the cursor before it).
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            let key = self.key()?;
+            self.eat(b':')?;
+            member(self, key)?;
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b'[')?;
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            match self.peek()? {
+                b',' => self.i += 1,
+                b']' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// An object's key: printable ASCII without escapes. Keys are short:
+    /// a byte at a time beats [`Cursor::raw_str`]'s words.
+    #[inline]
+    fn key(&mut self) -> Option<&'a [u8]> {
+        self.eat(b'"')?;
+        let start = self.i;
+        loop {
+            match *self.b.get(self.i)? {
+                b'"' => break,
+                b'\\' => return None,
+                // Below 0x20 or from 0x80: declined (serde: an error, or a
+                // UTF-8 key this reader does not compare).
+                c if c.wrapping_sub(0x20) >= 0x60 => return None,
+                _ => self.i += 1,
+            }
+        }
+        let key = &self.b[start..self.i];
+        self.i += 1;
+        Some(key)
+    }
+
+    /// A string's bytes between its quotes, when it has no escape and no
+    /// control character, and whether they are all ASCII (`false` may
+    /// also mean "not known": the caller then checks them as UTF-8).
+    #[inline]
+    fn raw_str(&mut self) -> Option<(&'a [u8], bool)> {
+        self.eat(b'"')?;
+        let (b, start) = (self.b, self.i);
+        let mut i = start;
+        let mut high = 0;
+        // Eight bytes at a time: a byte is flagged when it is `"`, `\` or
+        // below 0x20 (the lowest flagged byte is exact: a borrow only
+        // flags bytes above a true one).
+        while let Some(chunk) = b.get(i..i + 8) {
+            let w = u64::from_le_bytes(chunk.try_into().ok()?);
+            let special = zero_byte(w ^ (ONES * u64::from(b'"')))
+                | zero_byte(w ^ (ONES * u64::from(b'\\')))
+                | (w.wrapping_sub(ONES * 0x20) & !w & HIGHS);
+            if special != 0 {
+                // The high bits of the bytes before the first flagged one.
+                let lowest = special & special.wrapping_neg();
+                high |= w & HIGHS & (lowest - 1);
+                i += (special.trailing_zeros() / 8) as usize;
+                return self.close_str(start, i, high == 0);
+            }
+            high |= w & HIGHS;
+            i += 8;
+        }
+        while let Some(&c) = b.get(i) {
+            if c == b'"' || c == b'\\' || c < 0x20 {
+                return self.close_str(start, i, high == 0);
+            }
+            high |= u64::from(c & 0x80);
+            i += 1;
+        }
+        None
+    }
+
+    /// The string `start..end`, when the byte at `end` is its closing quote.
+    #[inline]
+    fn close_str(&mut self, start: usize, end: usize, ascii: bool) -> Option<(&'a [u8], bool)> {
+        (self.b[end] == b'"').then_some(())?;
+        self.i = end + 1;
+        Some((&self.b[start..end], ascii))
+    }
+
+    /// A string field's value (UTF-8 checked, as serde_json checks it).
+    #[inline]
+    fn text(&mut self) -> Option<Cow<'a, str>> {
+        let text = match self.raw_str()? {
+            // SAFETY: ASCII bytes are UTF-8.
+            (bytes, true) => unsafe { std::str::from_utf8_unchecked(bytes) },
+            (bytes, false) => std::str::from_utf8(bytes).ok()?,
+        };
+        Some(Cow::Borrowed(text))
+    }
+
+    fn texts(&mut self) -> Option<Vec<Cow<'a, str>>> {
+        let mut list = Vec::new();
+        self.array(|c| {
+            list.push(c.text()?);
+            Some(())
+        })?;
+        Some(list)
+    }
+
+    /// Decimal digits into `value` (`None` past `u64`), how many.
+    #[inline]
+    fn digits(&mut self, value: &mut u64) -> Option<usize> {
+        let start = self.i;
+        while let Some(&c @ b'0'..=b'9') = self.b.get(self.i) {
+            *value = value.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+            self.i += 1;
+        }
+        Some(self.i - start)
+    }
+
+    /// A non-negative number, as serde_json reads it: an integer within
+    /// `u64` is exact; one with a fraction is its significand over a power
+    /// of ten, both exact in an `f64`, so the one division rounds
+    /// correctly, as both of serde_json's float parsers do.
+    #[inline]
+    fn number(&mut self) -> Option<Number> {
+        let first = self.peek()?;
+        let mut significand = 0;
+        let integer_digits = self.digits(&mut significand)?;
+        // No digit (a sign, say), or a leading zero before another digit.
+        if integer_digits == 0 || (first == b'0' && integer_digits > 1) {
+            return None;
+        }
+        let mut fraction_digits = 0;
+        if self.b.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            fraction_digits = self.digits(&mut significand)?;
+            if fraction_digits == 0 {
+                return None;
+            }
+        }
+        if let Some(b'e' | b'E' | b'.') = self.b.get(self.i) {
+            return None;
+        }
+        match fraction_digits {
+            0 => Some(Number::from(significand)),
+            d if d < POW10.len() && significand < 1 << 53 => {
+                Number::from_f64(significand as f64 / POW10[d])
+            }
+            _ => None,
+        }
+    }
+
+    /// A number or `null` field serde reads as `Option<Value>`.
+    #[inline]
+    fn opt_value(&mut self) -> Option<Option<Value>> {
+        self.opt(|c| c.number().map(Value::Number))
+    }
+
+    /// An integer field (`opt_integer`), when it is in `T`'s range.
+    fn opt_integer<T: TryFrom<i128>>(&mut self) -> Option<Option<T>> {
+        self.opt(|c| T::try_from(integral(&c.number()?)?).ok())
+    }
+
+    /// The value of an unknown key, skipped (strings ASCII only).
+    fn skip(&mut self, depth: u32) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.raw_str()?.1.then_some(()),
+            b'{' if depth > 0 => self.object(|c, _| c.skip(depth - 1)),
+            b'[' if depth > 0 => self.array(|c| c.skip(depth - 1)),
+            b't' => self.word(b"true"),
+            b'f' => self.word(b"false"),
+            b'n' => self.word(b"null"),
+            _ => self.number().map(drop),
+        }
+    }
+
+    fn timer(&mut self) -> Option<RawTimer<'a>> {
+        let mut raw = RawTimer {
+            timing: None,
+            callback: None,
+            reliability: None,
+            statistics: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"timing" => {
+                    first(&mut seen, 1)?;
+                    raw.timing = c.opt(Self::timing)?;
+                }
+                b"callback" => {
+                    first(&mut seen, 2)?;
+                    raw.callback = c.opt(Self::callback)?;
+                }
+                b"reliability" => {
+                    first(&mut seen, 4)?;
+                    raw.reliability = c.opt(Self::reliability)?;
+                }
+                b"statistics" => {
+                    first(&mut seen, 8)?;
+                    raw.statistics = c.opt(Self::statistics)?;
+                }
+                _ => c.skip(SKIP_DEPTH_MAX)?,
+            }
+            Some(())
+        })?;
+        Some(raw)
+    }
+
+    fn timing(&mut self) -> Option<RawTiming> {
+        let mut t = RawTiming {
+            interval: None,
+            repeat_for: None,
+            start_time_delta: None,
+            sequence_number: None,
+            version: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"interval" => {
+                    first(&mut seen, 1)?;
+                    t.interval = c.opt_value()?;
+                }
+                b"repeat-for" => {
+                    first(&mut seen, 2)?;
+                    t.repeat_for = c.opt_value()?;
+                }
+                b"start-time-delta" => {
+                    first(&mut seen, 4)?;
+                    t.start_time_delta = c.opt_integer()?;
+                }
+                b"sequence-number" => {
+                    first(&mut seen, 8)?;
+                    t.sequence_number = c.opt_integer()?;
+                }
+                b"version" => {
+                    first(&mut seen, 16)?;
+                    t.version = c.opt_integer()?;
+                }
+                _ => c.skip(SKIP_DEPTH_MAX)?,
+            }
+            Some(())
+        })?;
+        Some(t)
+    }
+
+    /// `callback`: `http` alone (serde keeps the last of two `http`s and
+    /// notes another mechanism: both declined here).
+    fn callback(&mut self) -> Option<RawCallback<'a>> {
+        let mut http = None;
+        self.object(|c, key| {
+            if key != b"http" || http.is_some() {
+                return None;
+            }
+            http = Some(c.http()?);
+            Some(())
+        })?;
+        Some(RawCallback { http, other: None })
+    }
+
+    fn http(&mut self) -> Option<RawHttp<'a>> {
+        let mut h = RawHttp {
+            uri: None,
+            opaque: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"uri" => {
+                    first(&mut seen, 1)?;
+                    h.uri = c.opt(Self::text)?;
+                }
+                b"opaque" => {
+                    first(&mut seen, 2)?;
+                    h.opaque = c.opt(Self::text)?;
+                }
+                _ => c.skip(SKIP_DEPTH_MAX)?,
+            }
+            Some(())
+        })?;
+        Some(h)
+    }
+
+    fn reliability(&mut self) -> Option<RawReliability<'a>> {
+        let mut r = RawReliability {
+            replication_factor: None,
+            cluster_view_id: None,
+            replicas: None,
+            sites: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"replication-factor" => {
+                    first(&mut seen, 1)?;
+                    r.replication_factor = c.opt_value()?;
+                }
+                b"cluster-view-id" => {
+                    first(&mut seen, 2)?;
+                    r.cluster_view_id = c.opt(Self::text)?;
+                }
+                b"replicas" => {
+                    first(&mut seen, 4)?;
+                    r.replicas = c.opt(Self::texts)?;
+                }
+                b"sites" => {
+                    first(&mut seen, 8)?;
+                    r.sites = c.opt(Self::texts)?;
+                }
+                _ => c.skip(SKIP_DEPTH_MAX)?,
+            }
+            Some(())
+        })?;
+        Some(r)
+    }
+
+    fn statistics(&mut self) -> Option<RawStatistics<'a>> {
+        let mut tag_info = None;
+        self.object(|c, key| {
+            if key != b"tag-info" {
+                return c.skip(SKIP_DEPTH_MAX);
+            }
+            if tag_info.is_some() {
+                return None;
+            }
+            tag_info = Some(c.opt(Self::tags)?);
+            Some(())
+        })?;
+        Some(RawStatistics {
+            tag_info: tag_info.flatten(),
+        })
+    }
+
+    fn tags(&mut self) -> Option<Vec<RawTag<'a>>> {
+        let mut list = Vec::new();
+        self.array(|c| {
+            list.push(c.tag()?);
+            Some(())
+        })?;
+        Some(list)
+    }
+
+    fn tag(&mut self) -> Option<RawTag<'a>> {
+        let mut t = RawTag {
+            kind: None,
+            count: None,
+        };
+        let mut seen = 0;
+        self.object(|c, key| {
+            match key {
+                b"type" => {
+                    first(&mut seen, 1)?;
+                    t.kind = c.opt(Self::text)?;
+                }
+                b"count" => {
+                    first(&mut seen, 2)?;
+                    t.count = c.opt_value()?;
+                }
+                _ => c.skip(SKIP_DEPTH_MAX)?,
+            }
+            Some(())
+        })?;
+        Some(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{fast_reader_agrees, parse, parse_serde_only};
+
+    fn check(uri: &str) -> Result<(), String> {
+        match uri.strip_prefix("http://") {
+            Some(rest) if !rest.is_empty() && !rest.contains(' ') => Ok(()),
+            _ => Err(format!("{uri:?} must be an http:// URI")),
+        }
+    }
+
+    /// `{"timing":{"interval":<i>},"callback":{"http":{"uri":"http://a/"}}<rest>}`.
+    fn timer(interval: &str, rest: &str) -> String {
+        format!(
+            r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"http://a/"}}}}{rest}}}"#
+        )
+    }
+
+    /// Both paths give the same result, and the fast reader reads the body
+    /// (`fast`) or declines it.
+    fn same(body: &str, fast: bool) {
+        let b = body.as_bytes();
+        assert_eq!(parse(b, check), parse_serde_only(b, check), "{body}");
+        let agrees = fast_reader_agrees(b);
+        assert_ne!(agrees, Some(false), "{body}");
+        assert_eq!(agrees.is_some(), fast, "{body}: fast reader");
+    }
+
+    #[test]
+    fn the_bodies_clients_send_take_the_fast_path() {
+        let bodies = [
+            r#"{"timing":{"interval":10,"repeat-for":10},"callback":{"http":{"uri":"http://127.0.0.1:9/cb","opaque":"some-opaque-data"}}}"#,
+            r#"{"timing":{"interval":0.5,"repeat-for":30},"callback":{"http":{"uri":"http://h:81/p?q=1","opaque":"o"}},
+               "reliability":{"replication-factor":2},"statistics":{"tag-info":[{"type":"CALL"},{"type":"SUB","count":3}]}}"#,
+            " {\"timing\" : {\"interval\" : 1} ,\r\n\t\"callback\":{\"http\":{\"uri\":\"http://a/\"}}}\n ",
+            r#"{"timing":{"interval":1,"start-time-delta":250,"sequence-number":2,"version":7},
+               "callback":{},"reliability":{"cluster-view-id":"12","replicas":["10.0.0.1:7253","b:1"],"sites":["s"]}}"#,
+            r#"{"callback":{"http":{"opaque":"x","uri":"http://a/"}},"timing":{"repeat-for":null,"interval":2}}"#,
+        ];
+        for body in bodies {
+            same(body, true);
+            assert!(parse(body.as_bytes(), check).is_ok(), "{body}");
+        }
+    }
+
+    #[test]
+    fn numbers_read_as_serde_reads_them() {
+        let read = [
+            "0",
+            "10",
+            "0.1",
+            "1.5",
+            "0.001",
+            "0.0015",
+            "2.999",
+            "4294967.295",
+            "4294967.296",
+            "4294968",
+            "53.0",
+            "0.000000000000001",
+            "999999999999999",
+            "18446744073709551615",
+            "900719925474099.1",
+            "4294967.295000001",
+        ];
+        for n in read {
+            same(&timer(n, ""), true);
+            same(
+                &timer(
+                    "1",
+                    &format!(r#","reliability":{{"replication-factor":{n}}}"#),
+                ),
+                true,
+            );
+            let tag = format!(r#","statistics":{{"tag-info":[{{"type":"A","count":{n}}}]}}"#);
+            same(&timer("1", &tag), true);
+        }
+        let declined = [
+            "5e-324",
+            "1e3",
+            "1E3",
+            "-1",
+            "-0",
+            "-0.0",
+            "01",
+            "00",
+            "1.",
+            ".5",
+            "1.5.3",
+            "+1",
+            "18446744073709551616",
+            "0.30000000000000004",
+            "0.0000000000000001",
+            "9007199254740993.5",
+            "1e400",
+            "-",
+            "\"10\"",
+            "true",
+            "{}",
+            "[]",
+            "1x",
+            "NaN",
+        ];
+        for n in declined {
+            same(&timer(n, ""), false);
+        }
+        // 2^53 and beyond as a significand with a fraction: serde's float.
+        same(&timer("9007199254740992.0", ""), false);
+    }
+
+    #[test]
+    fn replication_integers_in_range_are_read() {
+        for (field, ok, bad) in [
+            ("start-time-delta", "250.0", "9223372036854775808"),
+            ("sequence-number", "2", "4294967296"),
+            ("version", "7.0", "0.5"),
+        ] {
+            let body = |v: &str| {
+                format!(
+                    r#"{{"timing":{{"interval":1,"{field}":{v}}},"callback":{{}},"reliability":{{"replicas":["a:1"]}}}}"#
+                )
+            };
+            same(&body(ok), true);
+            same(&body(bad), false);
+            same(&body("null"), true);
+        }
+    }
+
+    #[test]
+    fn shapes_serde_treats_its_own_way_are_declined() {
+        let declined = [
+            // Duplicate keys: serde refuses a struct's, keeps the last `http`.
+            r#"{"timing":{"interval":1},"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}}}"#,
+            r#"{"timing":{"interval":1,"interval":2},"callback":{"http":{"uri":"http://a/"}}}"#,
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"},"http":{"uri":"http://b/"}}}"#,
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/","uri":"http://b/"}}}"#,
+            r#"{"timing":null,"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}}}"#,
+            // A struct written as an array, an object not written at all.
+            r#"{"timing":[1],"callback":{"http":{"uri":"http://a/"}}}"#,
+            r#"{"timing":{"interval":1},"callback":{"http":null}}"#,
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"},"sip":{}}}"#,
+            r#"{"timing":{"interval":1},"callback":{"sip":{}}}"#,
+            r#"{"timing":{"interval":1},"callback":[]}"#,
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":5}}}"#,
+            // Escapes, control and form-feed bytes, trailing bytes, commas.
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http:\/\/a/"}}}"#,
+            r#"{"timin\u0067":{"interval":1},"callback":{"http":{"uri":"http://a/"}}}"#,
+            "{\"timing\":{\"interval\":1},\"callback\":{\"http\":{\"uri\":\"http://a/\t\"}}}",
+            "\u{c}{\"timing\":{\"interval\":1},\"callback\":{\"http\":{\"uri\":\"http://a/\"}}}",
+            "{\"timing\":{\"interval\":1},\u{c}\"callback\":{\"http\":{\"uri\":\"http://a/\"}}}",
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}}} x"#,
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}}}}"#,
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},}"#,
+            r#"{"timing":{"interval":1,},"callback":{"http":{"uri":"http://a/"}}}"#,
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}}"#,
+            r#"{"timing":{"interval":1} "callback":{"http":{"uri":"http://a/"}}}"#,
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"x":[1,]}"#,
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"x":"é"}"#,
+            r#"{"timing":{"interval":1},"statistics":{"tag-info":[{"type":"A"},5]},"callback":{"http":{"uri":"http://a/"}}}"#,
+            r#"{"timing":{"interval":1},"reliability":{"replicas":["a",1]},"callback":{}}"#,
+            r#"{"timing":{"interval":1},"reliability":{"replication-factor":"2"},"callback":{"http":{"uri":"http://a/"}}}"#,
+            "[1,2]",
+        ];
+        for body in declined {
+            same(body, false);
+        }
+        // Invalid UTF-8: serde refuses it in a field it reads, and skips
+        // it unchecked in an unknown one; the fast reader declines both.
+        for (rest, refused) in [(r#","x":"ab""#, false), ("", true)] {
+            let mut bad = timer("1", rest).into_bytes();
+            let at = if refused { 58 } else { bad.len() - 3 };
+            bad[at] = 0xff;
+            assert_eq!(fast_reader_agrees(&bad), None);
+            assert_eq!(parse(&bad, check), parse_serde_only(&bad, check));
+            assert_eq!(parse(&bad, check).is_err(), refused);
+        }
+    }
+
+    #[test]
+    fn validation_after_the_fast_reader_is_serdes() {
+        let tag = |t: &str| format!(r#","statistics":{{"tag-info":[{{"type":"{t}"}}]}}"#);
+        let read = [
+            timer("1", r#","reliability":{"replicas":[],"sites":[]}"#),
+            timer("1", r#","reliability":{"sites":["b"]}"#),
+            timer("1", r#","reliability":{"sites":[]}"#),
+            timer("1", r#","reliability":{"replication-factor":0}"#),
+            timer("1", r#","reliability":{"replication-factor":200}"#),
+            timer("1", r#","reliability":null,"statistics":null"#),
+            timer("1", r#","statistics":{"tag-info":null}"#),
+            timer("1", r#","statistics":{"tag-info":[{"count":2}]}"#),
+            timer("1", r#","statistics":{"tag-info":[{"type":"A","count":0}]}"#),
+            timer("1", r#","statistics":{"tag-info":[{"type":"A","count":4294967296}]}"#),
+            timer("1", &tag("")),
+            timer("1", &tag(&"é".repeat(256))),
+            timer("1", &tag(&"é".repeat(257))),
+            timer("1", &tag(&"a".repeat(257))),
+            timer("0", r#","x":{"timing":{"interval":1}}"#),
+            r#"{"timing":{"interval":0,"repeat-for":0.25},"callback":{"http":{"uri":"http://a/"}}}"#.into(),
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"ftp://a/"}}}"#.into(),
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":""}}}"#.into(),
+            r#"{"timing":{"interval":1},"callback":{"http":{"opaque":"o"}}}"#.into(),
+            r#"{"timing":{"interval":1},"callback":{}}"#.into(),
+            r#"{"timing":{"interval":1},"callback":null}"#.into(),
+            r#"{"timing":{},"callback":{"http":{"uri":"http://a/"}}}"#.into(),
+            r#"{"timing":{"interval":null},"callback":{"http":{"uri":"http://a/"}}}"#.into(),
+            r#"{"callback":{"http":{"uri":"http://a/"}}}"#.into(),
+            r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"u":[{"a":[true,false,null,"s",0.5]}]}"#.into(),
+            "{}".into(),
+            " { } ".into(),
+        ];
+        for body in &read {
+            same(body, true);
+        }
+        let deep = format!("{}1{}", "[".repeat(17), "]".repeat(17));
+        same(&timer("1", &format!(r#","x":{deep}"#)), false);
+        let shallow = format!("{}1{}", "[".repeat(16), "]".repeat(16));
+        same(&timer("1", &format!(r#","x":{shallow}"#)), true);
+    }
+
+    #[test]
+    fn strings_are_scanned_exactly_at_every_offset() {
+        let specials: [&[u8]; 9] = [
+            b"\\\"",
+            b"\\n",
+            b"\x01",
+            b"\x1f",
+            b" ",
+            b"\x7f",
+            "\u{e9}".as_bytes(),
+            b"\x80",
+            b"\xff",
+        ];
+        for len in 0..26 {
+            for at in 0..=len {
+                for special in specials {
+                    let mut text = vec![b'a'; at];
+                    text.extend_from_slice(special);
+                    text.extend(std::iter::repeat_n(b'b', len - at));
+                    for field in ["opaque", "x"] {
+                        let mut body = format!(
+                            r#"{{"timing":{{"interval":1}},"callback":{{"http":{{"uri":"http://a/","{field}":""#
+                        )
+                        .into_bytes();
+                        body.extend_from_slice(&text);
+                        body.extend_from_slice(b"\"}}}");
+                        assert_eq!(parse(&body, check), parse_serde_only(&body, check));
+                        assert_ne!(fast_reader_agrees(&body), Some(false));
+                    }
+                }
+            }
+        }
+    }
+}
