@@ -219,7 +219,7 @@ fn parse_range(range: Option<&[u8]>) -> Result<usize, (u16, String)> {
         .unwrap_or(0);
     let digits = match text[unit_end..].trim_start_matches(' ') {
         rest if unit_end == 0 => rest,
-        rest if !text.as_bytes()[0].is_ascii_alphabetic() => return Err(bad()),
+        _ if !text.as_bytes()[0].is_ascii_alphabetic() => return Err(bad()),
         rest => match rest.strip_prefix('=') {
             Some(after) => after.trim_start_matches(' '),
             None if rest.len() < text.len() - unit_end => rest,
