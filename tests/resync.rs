@@ -100,18 +100,18 @@ fn resync_cli(node: &Node) {
 
 /// SIGUSR1 (`service chronos resync`), then wait for `GET /cluster` to
 /// report the run complete. A run already going when the signal came (the
-/// start-up's, a reload's) finishes first and the signal's starts at once:
-/// so wait until a run finished and none is running.
+/// start-up's, a reload's) finishes first and the signal's starts after
+/// it: so wait until a run started after the signal and every started run
+/// finished.
 fn resync_usr1(node: &Node) {
-    let runs = |n: &Node| cluster_json(n)["resync"]["finished-runs"].as_u64().unwrap();
-    let before = runs(node);
+    let count = |c: &serde_json::Value, name: &str| c["resync"][name].as_u64().unwrap();
+    let started_before = count(&cluster_json(node), "started-runs");
     node.signal(libc::SIGUSR1);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let c = cluster_json(node);
-        if c["resync"]["finished-runs"].as_u64().unwrap() > before
-            && c["resync"]["state"] != "running"
-        {
+        let started = count(&c, "started-runs");
+        if started > started_before && count(&c, "finished-runs") >= started {
             assert_eq!(c["resync"]["state"], "complete", "{c}");
             return;
         }

@@ -484,7 +484,13 @@ impl NetRing {
                 })
                 .await;
             } else {
-                futures_lite::future::or(self.wake.wait(), acceptor.stop_wait()).await;
+                // A safety net, not the wake-up path: if a post were ever
+                // missed (the flag-then-eventfd ordering argued in
+                // `kernel_pending` holds on x86's locked instructions; a
+                // weaker architecture's kernel side is not audited), the
+                // driver still looks again within a sweep period.
+                let parked = futures_lite::future::or(self.wake.wait(), acceptor.stop_wait());
+                futures_lite::future::or(parked, crate::runtime::sleep::sleep(SWEEP_PERIOD)).await;
             }
         }
         stop.set(true);

@@ -16,8 +16,9 @@
 //! cores), a resync at full speed keeps every core busy, and a shard's
 //! thread with a pop due then waits for the kernel to run it again
 //! (17-27 ms seen, against 0.2 ms stretches: perf/README.md, "Issue 22:
-//! resync"). The rest is measured in wall-clock time, so a stretch the
-//! kernel stretched (the machine is busy) earns a longer rest.
+//! resync"). The rest is reckoned from the thread's CPU time since the
+//! stretch began, so time the task spent waiting (for queue room, another
+//! shard's reply, an fdatasync) earns no rest.
 //!
 //! [`metered`] measures how long each poll of a bulk task holds the thread
 //! (one stretch without a breath), in CPU and wall-clock time, into a
@@ -72,6 +73,9 @@ pub async fn breathe() {
 /// items, [`Pacer::restart`] after any other await (it may have parked).
 pub struct Pacer {
     resumed: Instant,
+    /// The thread's CPU time (ns) when the stretch began; 0 for a pacer
+    /// that never breathes.
+    resumed_cpu_ns: u64,
     /// [`STRETCH`], or `Duration::MAX` for a pacer that never breathes.
     stretch: Duration,
 }
@@ -86,6 +90,7 @@ impl Pacer {
     pub fn new() -> Pacer {
         Pacer {
             resumed: Instant::now(),
+            resumed_cpu_ns: thread_cpu_ns(),
             stretch: STRETCH,
         }
     }
@@ -96,6 +101,7 @@ impl Pacer {
     pub fn unpaced() -> Pacer {
         Pacer {
             resumed: Instant::now(),
+            resumed_cpu_ns: 0,
             stretch: Duration::MAX,
         }
     }
@@ -103,6 +109,7 @@ impl Pacer {
     /// The stretch starts now (the task just resumed).
     pub fn restart(&mut self) {
         self.resumed = Instant::now();
+        self.resumed_cpu_ns = thread_cpu_ns();
     }
 
     /// Whether this stretch is used up.
@@ -110,11 +117,18 @@ impl Pacer {
         self.resumed.elapsed() >= self.stretch
     }
 
+    /// The rest this stretch has earned so far: its CPU time, not its
+    /// wall-clock time, at the process's share of a core.
+    fn rest(&self) -> Duration {
+        let worked_ns = thread_cpu_ns().saturating_sub(self.resumed_cpu_ns);
+        rest_after(Duration::from_nanos(worked_ns), CPU_PERCENT.load(Relaxed))
+    }
+
     /// Breathe, and rest for the core's other users, if this stretch is
     /// used up.
     pub async fn tick(&mut self) {
         if self.due() {
-            let rest = rest_after(self.resumed.elapsed(), CPU_PERCENT.load(Relaxed));
+            let rest = self.rest();
             if rest < REST_MIN {
                 breathe().await;
             } else {
@@ -512,6 +526,13 @@ mod tests {
             let (cpu_start_ns, wall_start) = (super::thread_cpu_ns(), Instant::now());
             let mut pacer = super::Pacer::new();
             let busy_ns = 20_000_000;
+            // A wait between items is not work: it earns no rest (the CPU
+            // a 2 ms sleep costs the thread is far below 1 ms).
+            super::super::sleep::sleep(Duration::from_millis(2)).await;
+            assert!(pacer.due(), "2 ms passed");
+            let rest = pacer.rest();
+            assert!(rest < Duration::from_millis(1), "a wait earned {rest:?}");
+            pacer.restart();
             while super::thread_cpu_ns() - cpu_start_ns < busy_ns {
                 let spin = Instant::now();
                 while spin.elapsed() < Duration::from_micros(20) {

@@ -203,28 +203,37 @@ pub fn parse_query(
 }
 
 /// `Range: 100` (seed 000), tolerating a unit prefix (`timers=100`,
-/// letters then `=` or a space); at most `RANGE_MAX`. Exactly the OpenAPI
-/// pattern `^([A-Za-z]+[= ])?0*[1-9][0-9]{0,8}$` (anything before the last
-/// `=` used to pass as a prefix, and any count of digits as a count).
+/// `timers = 100`, `timers 100`: letters, `_` or `-`, then `=` or spaces);
+/// more than `RANGE_MAX` is `RANGE_MAX`. Exactly the OpenAPI pattern
+/// `^([A-Za-z][A-Za-z_-]*( *= *| +))?0*[1-9][0-9]*$` (anything before the
+/// last `=` used to pass as a prefix).
 fn parse_range(range: Option<&[u8]>) -> Result<usize, (u16, String)> {
     let Some(r) = range else {
         return Ok(RANGE_DEFAULT);
     };
     let text = std::str::from_utf8(r).unwrap_or("").trim();
-    let digits = match text.split_once(['=', ' ']) {
-        Some((unit, n)) if !unit.is_empty() && unit.bytes().all(|b| b.is_ascii_alphabetic()) => n,
-        Some(_) => "",
-        None => text,
+    let bad = || (400, format!("Range {text:?} is not a positive count"));
+    let unit_end = text
+        .bytes()
+        .position(|b| !(b.is_ascii_alphabetic() || b == b'_' || b == b'-'))
+        .unwrap_or(0);
+    let digits = match text[unit_end..].trim_start_matches(' ') {
+        rest if unit_end == 0 => rest,
+        _ if !text.as_bytes()[0].is_ascii_alphabetic() => return Err(bad()),
+        rest => match rest.strip_prefix('=') {
+            Some(after) => after.trim_start_matches(' '),
+            None if rest.len() < text.len() - unit_end => rest,
+            None => return Err(bad()),
+        },
     };
     let significant = digits.trim_start_matches('0');
-    let count_ok =
-        digits.bytes().all(|b| b.is_ascii_digit()) && (1..=9).contains(&significant.len());
-    significant
+    if significant.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    // All digits: a count too large for usize is still "more than the most".
+    Ok(significant
         .parse::<usize>()
-        .ok()
-        .filter(|n| count_ok && *n > 0)
-        .map(|n| n.min(RANGE_MAX))
-        .ok_or((400, format!("Range {text:?} is not a positive count")))
+        .map_or(RANGE_MAX, |n| n.min(RANGE_MAX)))
 }
 
 impl Shard {
@@ -248,6 +257,8 @@ impl Shard {
             }
         }
         let keys = Rc::new(self.scan_matching(q).await);
+        // Idle from now: a slow build must not count against the session.
+        let now = clock::now_ms();
         let mut sessions = self.sessions.0.borrow_mut();
         drop_sessions(&mut sessions, |s| {
             s.node == q.node && s.all_views == q.all_views
@@ -444,15 +455,28 @@ impl Shard {
     /// The whole node's page: `(status, Content-Range count, body)`. The
     /// body is `{"timers": [...]}`, plus `"cursor"` when more follow.
     pub async fn resync_get(self: &Rc<Self>, q: Query) -> (u16, usize, String) {
+        // Every shard builds its part at the same time, each on its own
+        // core: a listing's first page (a session scan of every shard)
+        // costs the slowest shard's scan, not the sum of them, against the
+        // requester's resync-timeout-ms.
+        let asks: Vec<_> = (0..self.shards)
+            .filter(|p| *p != self.id)
+            .map(|peer| {
+                let me = self.clone();
+                glommio::spawn_local(async move {
+                    let part = me
+                        .mesh
+                        .ask(peer, |reply| MeshMsg::Resync { query: q, reply });
+                    match part.await {
+                        Some(Reply::Resync(part)) => Some(part),
+                        _ => None,
+                    }
+                })
+            })
+            .collect();
         let mut parts = vec![self.resync_local(q).await];
-        for peer in (0..self.shards).filter(|p| *p != self.id) {
-            if let Some(Reply::Resync(part)) = self
-                .mesh
-                .ask(peer, |reply| MeshMsg::Resync { query: q, reply })
-                .await
-            {
-                parts.push(part);
-            }
+        for ask in asks {
+            parts.extend(ask.await);
         }
         let page = bulk::timed(|| page_body(parts, q.limit));
         (if page.1 { 206 } else { 200 }, page.0, page.2)
@@ -654,8 +678,12 @@ mod tests {
             ("0007", 7),
             ("timers=7", 7),
             ("timers 7", 7),
+            ("timers = 7", 7),
+            ("x-timers=7", 7),
+            ("items_per_page =7", 7),
             (" 10000 ", RANGE_MAX),
             ("999999999", RANGE_MAX),
+            ("99999999999999999999999", RANGE_MAX),
         ] {
             assert_eq!(parse_range(Some(text.as_bytes())), Ok(n), "{text}");
         }
@@ -672,8 +700,12 @@ mod tests {
             "){L^NUmI^CN=4",
             "a=b=7",
             "timers=",
-            "1000000000",
-            "x= 7",
+            "timers",
+            "timers:7",
+            "_x=7",
+            "timers==7",
+            "timers=-7",
+            "t=0",
         ] {
             assert!(parse_range(Some(bad.as_bytes())).is_err(), "{bad}");
         }
