@@ -159,10 +159,6 @@ pub struct ClusterConfig {
     /// Resync from the other nodes at start-up (a restarted node takes
     /// back the replicas it holds).
     pub resync_at_start: bool,
-    /// The share of a core (percent, 1 to 100) a resync's bulk work takes
-    /// while it runs: it rests between its 0.2 ms stretches so the pops
-    /// of its own shard and the machine's other threads get the rest.
-    pub resync_cpu_percent: u32,
     /// When set, every internal request (replication, resync, cross-site)
     /// carries it as `Authorization: Bearer <secret>`, and one without it
     /// gets `403`. Never logged (nor serialized: a reload compares it).
@@ -233,7 +229,6 @@ impl Default for ClusterConfig {
             resync_timeout_ms: 10_000,
             resync_peer_retry_ms: 30_000,
             resync_at_start: true,
-            resync_cpu_percent: crate::runtime::bulk::CPU_PERCENT_DEFAULT,
             shared_secret: None,
             tls: false,
             tls_ca_file: None,
@@ -852,12 +847,6 @@ impl Config {
             return Err(format!(
                 "[cluster] replication-queue-bytes-max = {}: must be at least 1 MiB (1048576)",
                 c.replication_queue_bytes_max
-            ));
-        }
-        if !(1..=100).contains(&c.resync_cpu_percent) {
-            return Err(format!(
-                "[cluster] resync-cpu-percent = {}: must be 1 to 100",
-                c.resync_cpu_percent
             ));
         }
         if !(1..=10_000).contains(&c.resync_page_timers) {

@@ -73,7 +73,6 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
     for warning in &resolved.warnings {
         tracing::warn!(target: "chronos::config", "{warning}");
     }
-    crate::runtime::bulk::set_cpu_percent(resolved.config.cluster.resync_cpu_percent);
     let stats: Arc<[ShardStats]> = (0..shards).map(|_| ShardStats::default()).collect();
     let http = &resolved.config.http;
     let engine = EngineConfig {

@@ -8,25 +8,13 @@
 //! a [`Pacer`] looks at the clock between items and breathes once the
 //! stretch is used up, so the bound holds whatever an item costs.
 //!
-//! A breath also gives the core away: after a stretch of `W`, the pacer
-//! rests `W x (100 - p) / p` (`p`: [`set_cpu_percent`], `[cluster]
-//! resync-cpu-percent`), so bulk work takes at most about `p` percent of a
-//! core while it runs. Why: on a machine with fewer cores than busy
-//! threads (two nodes and a load on two cores, or a node sharing its
-//! cores), a resync at full speed keeps every core busy, and a shard's
-//! thread with a pop due then waits for the kernel to run it again
-//! (17-27 ms seen, against 0.2 ms stretches: perf/README.md, "Issue 22:
-//! resync"). The rest is reckoned from the thread's CPU time since the
-//! stretch began, so time the task spent waiting (for queue room, another
-//! shard's reply, an fdatasync) earns no rest.
-//!
 //! [`metered`] measures how long each poll of a bulk task holds the thread
 //! (one stretch without a breath), in CPU and wall-clock time, into a
 //! node-wide histogram, [`stretches`]: the cause of a late pop, if a
 //! resync is it.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// The longest a bulk task runs between breaths (when one item is
@@ -37,30 +25,6 @@ pub const STRETCH: Duration = Duration::from_micros(200);
 /// keys); merges look at the clock every `CHECK_EVERY` moves.
 pub const CHUNK: usize = 4_096;
 const CHECK_EVERY: usize = 1_024;
-
-/// The default share of a core, in percent, that paced bulk work takes.
-pub const CPU_PERCENT_DEFAULT: u32 = 50;
-/// The longest rest after one stretch: an item far longer than a stretch
-/// (a stalled thread's) must not park the work for long.
-pub const REST_MAX: Duration = Duration::from_millis(20);
-/// Rests shorter than this are a plain breath (a sleep costs a timer).
-const REST_MIN: Duration = Duration::from_micros(2);
-static CPU_PERCENT: AtomicU32 = AtomicU32::new(CPU_PERCENT_DEFAULT);
-
-/// The share of a core paced bulk work takes from now on (1 to 100; 100:
-/// a breath only, no rest). Process-wide: one setting for every shard.
-pub fn set_cpu_percent(percent: u32) {
-    assert!((1..=100).contains(&percent), "a percentage of a core");
-    CPU_PERCENT.store(percent, Relaxed);
-}
-
-/// The rest after `worked` for work that may take `percent` of a core.
-fn rest_after(worked: Duration, percent: u32) -> Duration {
-    assert!((1..=100).contains(&percent), "a percentage of a core");
-    let rest_ns = worked.as_nanos() * u128::from(100 - percent) / u128::from(percent);
-    let rest_ns = rest_ns.min(REST_MAX.as_nanos());
-    Duration::from_nanos(rest_ns as u64)
-}
 
 /// Let the reactor run: a sleep parks the task, the other runnable tasks
 /// run, then the reactor. On a reused timer: a connection breathes every
@@ -73,9 +37,6 @@ pub async fn breathe() {
 /// items, [`Pacer::restart`] after any other await (it may have parked).
 pub struct Pacer {
     resumed: Instant,
-    /// The thread's CPU time (ns) when the stretch began; 0 for a pacer
-    /// that never breathes.
-    resumed_cpu_ns: u64,
     /// [`STRETCH`], or `Duration::MAX` for a pacer that never breathes.
     stretch: Duration,
 }
@@ -90,7 +51,6 @@ impl Pacer {
     pub fn new() -> Pacer {
         Pacer {
             resumed: Instant::now(),
-            resumed_cpu_ns: thread_cpu_ns(),
             stretch: STRETCH,
         }
     }
@@ -101,7 +61,6 @@ impl Pacer {
     pub fn unpaced() -> Pacer {
         Pacer {
             resumed: Instant::now(),
-            resumed_cpu_ns: 0,
             stretch: Duration::MAX,
         }
     }
@@ -109,7 +68,6 @@ impl Pacer {
     /// The stretch starts now (the task just resumed).
     pub fn restart(&mut self) {
         self.resumed = Instant::now();
-        self.resumed_cpu_ns = thread_cpu_ns();
     }
 
     /// Whether this stretch is used up.
@@ -117,23 +75,10 @@ impl Pacer {
         self.resumed.elapsed() >= self.stretch
     }
 
-    /// The rest this stretch has earned so far: its CPU time, not its
-    /// wall-clock time, at the process's share of a core.
-    fn rest(&self) -> Duration {
-        let worked_ns = thread_cpu_ns().saturating_sub(self.resumed_cpu_ns);
-        rest_after(Duration::from_nanos(worked_ns), CPU_PERCENT.load(Relaxed))
-    }
-
-    /// Breathe, and rest for the core's other users, if this stretch is
-    /// used up.
+    /// Breathe if this stretch is used up.
     pub async fn tick(&mut self) {
         if self.due() {
-            let rest = self.rest();
-            if rest < REST_MIN {
-                breathe().await;
-            } else {
-                super::sleep::sleep(rest).await;
-            }
+            breathe().await;
             self.restart();
         }
     }
@@ -494,61 +439,6 @@ impl Splitter {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn the_rest_gives_the_core_its_share() {
-        let us = Duration::from_micros;
-        for (worked, percent, rest) in [
-            (us(200), 100, us(0)),
-            (us(200), 50, us(200)),
-            (us(200), 25, us(600)),
-            (us(300), 75, us(100)),
-            (us(200), 1, us(19_800)),
-            (us(400), 1, super::REST_MAX),
-            (Duration::from_secs(1), 50, super::REST_MAX),
-        ] {
-            assert_eq!(
-                super::rest_after(worked, percent),
-                rest,
-                "{worked:?} {percent}"
-            );
-        }
-    }
-
-    /// At the default share (half a core) paced busy work takes at least
-    /// about twice its CPU time in wall-clock time: a rest never ends
-    /// early, and a busy machine only adds wall-clock time.
-    #[test]
-    fn paced_work_rests_for_the_cores_other_users() {
-        assert_eq!(super::CPU_PERCENT_DEFAULT, 50);
-        glommio::LocalExecutor::default().run(async {
-            let (cpu_start_ns, wall_start) = (super::thread_cpu_ns(), Instant::now());
-            let mut pacer = super::Pacer::new();
-            let busy_ns = 20_000_000;
-            // A wait between items is not work: it earns no rest (the CPU
-            // a 2 ms sleep costs the thread is far below 1 ms).
-            super::super::sleep::sleep(Duration::from_millis(2)).await;
-            assert!(pacer.due(), "2 ms passed");
-            let rest = pacer.rest();
-            assert!(rest < Duration::from_millis(1), "a wait earned {rest:?}");
-            pacer.restart();
-            while super::thread_cpu_ns() - cpu_start_ns < busy_ns {
-                let spin = Instant::now();
-                while spin.elapsed() < Duration::from_micros(20) {
-                    std::hint::spin_loop();
-                }
-                pacer.tick().await;
-            }
-            let cpu_ns = super::thread_cpu_ns() - cpu_start_ns;
-            let wall_ns = wall_start.elapsed().as_nanos() as u64;
-            assert!(
-                wall_ns >= cpu_ns * 3 / 2,
-                "{cpu_ns} ns of CPU took only {wall_ns} ns of wall-clock time"
-            );
-        });
-    }
-
     #[test]
     fn drop_aside_uses_one_thread() {
         for _ in 0..64 {
