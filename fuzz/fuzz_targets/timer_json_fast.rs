@@ -10,7 +10,7 @@ use chronos::timer::spec::{fast_reader_agrees, parse, parse_serde_only};
 use libfuzzer_sys::fuzz_target;
 
 /// `(before, after)`: the input goes between them.
-const PLACES: [(&str, &str); 9] = [
+const PLACES: [(&str, &str); 15] = [
     (
         r#"{"timing":{"interval":"#,
         r#"},"callback":{"http":{"uri":"http://a/"}}}"#,
@@ -46,6 +46,26 @@ const PLACES: [(&str, &str); 9] = [
     (
         r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":{"#,
         "}}",
+    ),
+    // The members of the top-level object, of `callback`, of `http`, of
+    // a tag and of `statistics`, and the items of `replicas` (review).
+    (
+        "{",
+        r#","timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}}}"#,
+    ),
+    (r#"{"timing":{"interval":1},"callback":{"#, "}}"),
+    (r#"{"timing":{"interval":1},"callback":{"http":{"#, "}}}"),
+    (
+        r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"#,
+        "}]}}",
+    ),
+    (
+        r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"#,
+        "}}",
+    ),
+    (
+        r#"{"timing":{"interval":1},"callback":{},"reliability":{"replicas":["#,
+        "]}}",
     ),
 ];
 

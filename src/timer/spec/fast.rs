@@ -24,7 +24,9 @@ use std::borrow::Cow;
 /// allows 128 levels in all).
 const SKIP_DEPTH_MAX: u32 = 16;
 
-/// `10^k`, exact in an `f64` (as serde_json's table is up to `1e22`).
+/// `10^k` for k <= 15, each exact in an `f64`: a significand below 2^53
+/// divided by one of them is one correctly rounded division, the one
+/// serde_json makes for these numbers.
 const POW10: [f64; 16] = [
     1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
 ];
@@ -142,7 +144,8 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// An object's key: printable ASCII without escapes. Keys are short:
+    /// An object's key: ASCII from space to DEL (serde takes DEL too)
+    /// without escapes. Keys are short:
     /// a byte at a time beats [`Cursor::raw_str`]'s words.
     #[inline]
     fn key(&mut self) -> Option<&'a [u8]> {
@@ -530,6 +533,17 @@ mod tests {
             same(body, true);
             assert!(parse(body.as_bytes(), check).is_ok(), "{body}");
         }
+    }
+
+    /// The fast reader keeps a number as an `f64` or `u64`, as serde_json
+    /// does without its `arbitrary_precision` feature; with that feature
+    /// (a dependency could turn it on) serde keeps `0.50` as its text and
+    /// the two readings would differ. This fails if the feature is on.
+    #[test]
+    fn serde_json_reads_numbers_as_values_not_text() {
+        let v: serde_json::Value = serde_json::from_str("0.50").unwrap();
+        assert_eq!(v, serde_json::Value::from(0.5));
+        assert_eq!(v.to_string(), "0.5");
     }
 
     #[test]
