@@ -25,8 +25,7 @@
 //! markers) and the jump is let through. A resumed partition that stays
 //! silent for [`SILENCE`] is sought back the same way (the rest of the
 //! batch it resumed in is never returned, and nothing after it may come
-//! for a long time), and so is a sought one, each step waiting twice as
-//! long as the one before (up to 16 times). Given up at the beginning,
+//! for a long time), and so is a sought one. Given up at the beginning,
 //! the partition still drops records before the expected offset. Against a Kafka broker the
 //! guard costs one look-up of the committed offset per partition and
 //! (re)start, one short fetch per genuine gap, and one per resume of a
@@ -38,14 +37,6 @@ use std::time::{Duration, Instant};
 /// How long a partition may stay silent after a resume or a seek back
 /// before the guard seeks (further) back.
 pub const SILENCE: Duration = Duration::from_millis(500);
-
-/// How long a partition sought back `steps` times may stay silent before
-/// the next step: twice as long each step, from [`SILENCE`] to 16 times it
-/// (an answer queued behind other partitions' backlog is slow, not lost,
-/// and each seek throws away the answer on its way).
-fn patience(steps: u32) -> Duration {
-    SILENCE * (1u32 << steps.min(4))
-}
 
 /// Seeks back for one gap, at most (2^40 records back: the beginning of
 /// any partition).
@@ -147,7 +138,7 @@ impl Gaps {
                     from,
                     steps,
                     since,
-                } if now.saturating_duration_since(since) >= patience(steps) => part
+                } if now.saturating_duration_since(since) >= SILENCE => part
                     .seek_further((target, from, steps), now)
                     .unwrap_or_else(|| {
                         // Given up (sought back to the beginning): what
@@ -403,7 +394,7 @@ mod tests {
         assert!(g.silent(t0 + SILENCE / 2).is_empty());
         let mut at = t0;
         for from in [9, 8, 6, 2] {
-            at += SILENCE * 16;
+            at += SILENCE;
             assert_eq!(g.silent(at), [(0, from)]);
         }
         assert_eq!(g.check(0, 4, at, || None), D);
@@ -436,8 +427,8 @@ mod tests {
         assert_eq!(run(&mut g, &[0, 1], None), [A, A]);
         g.resumed(0, t0);
         assert_eq!(g.silent(t0 + SILENCE), [(0, 1)]);
-        assert_eq!(g.silent(t0 + SILENCE * 3), [(0, 0)]);
-        assert!(g.silent(t0 + SILENCE * 7).is_empty());
+        assert_eq!(g.silent(t0 + SILENCE * 2), [(0, 0)]);
+        assert!(g.silent(t0 + SILENCE * 3).is_empty());
         // Still dropping what was handed over, until the expected offset.
         assert_eq!(run(&mut g, &[1, 2], None), [D, A]);
         assert!(!g.recovering(0));
@@ -447,7 +438,7 @@ mod tests {
     }
 
     /// Given up after seeking back to the beginning (every answer slower
-    /// than the patience), the answer from 0 then arrives: what was
+    /// than the silence bound), the answer from 0 then arrives: what was
     /// handed over before the expected offset is dropped, not replayed.
     #[test]
     fn after_giving_up_an_answer_from_the_beginning_is_not_replayed() {
@@ -463,19 +454,5 @@ mod tests {
         assert!(g.silent(at + Duration::from_secs(10)).is_empty());
         let replay = run(&mut g, &[0, 1, 2, 3, 4, 5, 6, 7, 8], None);
         assert_eq!(replay, [D, D, D, D, D, D, D, D, A]);
-    }
-
-    /// Each step back waits twice as long for an answer as the one before.
-    #[test]
-    fn each_step_back_waits_longer() {
-        let mut g = Gaps::default();
-        let t0 = Instant::now();
-        assert_eq!(run(&mut g, &[6, 7], None), [A, A]);
-        g.resumed(0, t0);
-        assert_eq!(g.silent(t0 + SILENCE), [(0, 7)]);
-        assert!(g.silent(t0 + SILENCE * 2).is_empty(), "steps 1 waits 2 x");
-        assert_eq!(g.silent(t0 + SILENCE * 3), [(0, 6)]);
-        assert!(g.silent(t0 + SILENCE * 6).is_empty(), "step 2 waits 4 x");
-        assert_eq!(g.silent(t0 + SILENCE * 7), [(0, 4)]);
     }
 }
