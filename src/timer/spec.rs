@@ -525,8 +525,9 @@ fn validate_uri(uri: &str, check_uri: CheckUri) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    /// A stand-in for the HTTP layer's check: `http://` and a host.
-    fn check(uri: &str) -> Result<(), String> {
+    /// A stand-in for the HTTP layer's check: `http://` and a host (the
+    /// fast reader's tests use it too).
+    pub(super) fn check(uri: &str) -> Result<(), String> {
         match uri.strip_prefix("http://") {
             Some(rest) if !rest.is_empty() && !rest.contains(' ') => Ok(()),
             _ => Err(format!("{uri:?} must be an http:// URI")),

@@ -492,14 +492,8 @@ impl<'a> Cursor<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::check;
     use super::super::{fast_reader_agrees, parse, parse_serde_only};
-
-    fn check(uri: &str) -> Result<(), String> {
-        match uri.strip_prefix("http://") {
-            Some(rest) if !rest.is_empty() && !rest.contains(' ') => Ok(()),
-            _ => Err(format!("{uri:?} must be an http:// URI")),
-        }
-    }
 
     /// `{"timing":{"interval":<i>},"callback":{"http":{"uri":"http://a/"}}<rest>}`.
     fn timer(interval: &str, rest: &str) -> String {
