@@ -13,6 +13,7 @@ use super::gaps::{Gaps, Verdict};
 use super::headers::HeaderList;
 use super::producer::{deliveries_max, DeliveryRouter};
 use super::{new_uuid, QueueConfig, QueueShared, INBOX_CAPACITY};
+use crate::runtime::loglimit::{log_due, LogLimit};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
 use rdkafka::message::{Headers, Message};
@@ -255,7 +256,13 @@ struct Handoff<'a> {
     waiting: Vec<Waiting>,
     stall: super::failure::StallWatch,
     gaps: Gaps,
+    /// The gap guard's seek lines: at most one per [`SEEK_LOG_EVERY`]
+    /// (an overloaded node against tansu seeks ~10 times a second).
+    seek_log: LogLimit,
 }
+
+/// At most one warning line about the gap guard's seeks per this long.
+const SEEK_LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl<'a> Handoff<'a> {
     fn new(shared: &'a QueueShared, inboxes: Vec<async_channel::Sender<Inbound>>) -> Self {
@@ -266,6 +273,7 @@ impl<'a> Handoff<'a> {
             inboxes,
             stall: Default::default(),
             gaps: Gaps::default(),
+            seek_log: LogLimit::default(),
         }
     }
 
@@ -342,7 +350,9 @@ impl<'a> Handoff<'a> {
             .seek(topic, partition, offset, SEEK_TIMEOUT)
         {
             Ok(()) if loud => {
-                tracing::warn!(target: "chronos::queue", partition, "input {why}: fetching the partition again from {from} (a broker that skips the rest of a record batch on a fetch from inside it, as tansu 0.6 does; or records compacted away)");
+                if let Some(quiet) = log_due(&self.seek_log, Instant::now(), SEEK_LOG_EVERY) {
+                    tracing::warn!(target: "chronos::queue", partition, "input {why}: fetching the partition again from {from} (a broker that skips the rest of a record batch on a fetch from inside it, as tansu 0.6 does; or records compacted away); {quiet} more such seeks since the last line");
+                }
                 true
             }
             Ok(()) => {
