@@ -98,7 +98,7 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
     let announced = Arc::new(AtomicBool::new(false));
     let hook = signal_hook(start, current, reload_tx, resync_tx, announced.clone());
     let queue = match &resolved.config.queue {
-        Some(q) => Some(QueueShared::start(q, shards)?),
+        Some(q) => Some(QueueShared::start(q, stats.clone())?),
         None => None,
     };
     let (layout, recovered) = read_storage(&resolved)?;

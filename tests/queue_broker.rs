@@ -10,7 +10,8 @@
 //! start at or after it, so the rest of that batch never reached the node,
 //! and the node committed past it once the next batch came. The consumer
 //! thread's gap guard (`src/queue/gaps.rs`) now fetches such a partition
-//! again from before the skipped records.
+//! again from before the skipped records; and the thread waits a while for
+//! room (`pause-after-ms`) before it pauses at all.
 
 mod common;
 
@@ -66,8 +67,9 @@ fn a_partition_resumed_inside_a_record_batch_loses_nothing() {
         produce_to(&p, &s.input, 0, &msgs);
     }
     let reader = OutputReader::start(&s.broker.brokers(), &s.output);
-    // Small inserts, so that the shard takes the inbox slowly.
-    let node = s.node("inbox-bytes-max = 1048576\ninsert-batch-max = 20\n");
+    // Small inserts, so that the shard takes the inbox slowly; a pause as
+    // soon as the inbox is full (the default waits a while first).
+    let node = s.node("inbox-bytes-max = 1048576\ninsert-batch-max = 20\npause-after-ms = 0\n");
     // The indices (the offsets) of the messages not delivered.
     let missing = |seen: &[Output]| -> Vec<usize> {
         let got: BTreeSet<&str> = seen.iter().filter_map(|o| o.key.as_deref()).collect();
@@ -99,4 +101,50 @@ fn a_partition_resumed_inside_a_record_batch_loses_nothing() {
             node.metric("chronos_queue_consumed_total"),
         );
     }
+    // The path under test was taken: paused, and fetched again.
+    assert!(node.metric("chronos_queue_paused_total") >= 1.0);
+    assert!(node.metric("chronos_queue_refetched_total") >= 1.0);
+}
+
+/// A node whose group committed an offset inside a partition's last record
+/// batch (a node killed there and started again, or a partition taken over
+/// from one) is owed the rest of that batch. tansu answers the fetch from
+/// inside it with nothing (no batch starts after it), so the tail waited
+/// for new input to reach the same partition: with none, for ever.
+#[test]
+fn a_node_starting_inside_the_last_record_batch_delivers_its_tail() {
+    const MESSAGES: usize = 200;
+    const COMMITTED: usize = 120;
+    let s = setup("tailstart", 1);
+    let p = batching_producer(&s.broker.brokers());
+    let due = iso(now_ms() + 2_000);
+    let keys: Vec<String> = (0..MESSAGES).map(|i| format!("m{i}")).collect();
+    let msgs: Vec<Input> = keys
+        .iter()
+        .map(|k| Input {
+            key: Some(k),
+            value: b"v",
+            headers: vec![("chronosMessageId", k), ("chronosDeadline", due.as_str())],
+        })
+        .collect();
+    produce_to(&p, &s.input, 0, &msgs);
+    commit_offset(&s.broker.brokers(), &s.table, &s.input, 0, COMMITTED as i64);
+    let committed = committed_offsets(&s.broker.brokers(), &s.table, &s.input, 1);
+    assert_eq!(committed, [COMMITTED as i64], "the commit took");
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let _node = s.node("");
+    wait_until("the tail delivered", Duration::from_secs(30), || {
+        let seen = reader.seen();
+        let got: BTreeSet<&str> = seen.iter().filter_map(|o| o.key.as_deref()).collect();
+        let left: Vec<usize> = (COMMITTED..MESSAGES)
+            .filter(|&i| !got.contains(keys[i].as_str()))
+            .collect();
+        match left.len() {
+            0 => Ok(()),
+            n => Err(format!(
+                "{n} of the tail missing, the first {:?}",
+                left.first()
+            )),
+        }
+    });
 }

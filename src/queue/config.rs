@@ -64,6 +64,15 @@ pub struct QueueConfig {
     /// pauses the shard's partitions (one message is always let through).
     #[serde(default = "QueueConfig::default_inbox_bytes_max")]
     pub inbox_bytes_max: usize,
+    /// How long the consumer thread waits (not polling) for room in a
+    /// shard's inbox before it pauses that shard's partitions and polls
+    /// on for the other shards; 0 pauses at once. A resumed partition is
+    /// fetched from inside a record batch, which tansu answers without the
+    /// rest of that batch (the gap guard then fetches it again: a seek
+    /// that throws away what librdkafka had fetched), so waiting out a
+    /// short wait costs less than a pause.
+    #[serde(default = "QueueConfig::default_pause_after_ms")]
+    pub pause_after_ms: u64,
     /// Bytes of the claimed messages a shard holds, publishes or has yet to
     /// delete; beyond it the shard claims no more.
     #[serde(default = "QueueConfig::default_in_hand_bytes_max")]
@@ -120,6 +129,9 @@ impl QueueConfig {
     }
     fn default_postgres_stall_leave_ms() -> u64 {
         20_000
+    }
+    fn default_pause_after_ms() -> u64 {
+        500
     }
     fn default_vacuum_dead_rows() -> u64 {
         20_000
@@ -193,16 +205,32 @@ impl QueueConfig {
         if !tcp {
             return Err("[queue] postgres-url must name a TCP host (host:port)".into());
         }
+        self.check_periods()?;
+        self.check_memory()?;
+        self.check_overrides()
+    }
+
+    fn check_periods(&self) -> Result<(), String> {
         if self.vacuum_check_ms < VACUUM_CHECK_MS_MIN {
             return Err(format!(
                 "[queue] vacuum-check-ms ({}) must be at least {VACUUM_CHECK_MS_MIN}",
                 self.vacuum_check_ms
             ));
         }
-        self.check_memory()?;
-        self.check_overrides()
+        if self.pause_after_ms > PAUSE_AFTER_MS_MAX {
+            return Err(format!(
+                "[queue] pause-after-ms ({}) must be at most {PAUSE_AFTER_MS_MAX}: the consumer thread does not poll meanwhile",
+                self.pause_after_ms
+            ));
+        }
+        Ok(())
     }
 }
+
+/// The longest wait for room before pausing: the consumer thread does not
+/// poll meanwhile (no rebalance is served), and librdkafka's
+/// `max.poll.interval.ms` (300 s by default) must stay far away.
+const PAUSE_AFTER_MS_MAX: u64 = 10_000;
 
 /// The shortest dead-row look-up period: each look-up is a statement on
 /// Postgres, and its statistics change about once a second anyway.
@@ -299,6 +327,9 @@ mod tests {
             Ok(())
         );
         assert!(parse("inbox-bytes-max = -1").is_err());
+        let e = parse("pause-after-ms = 10001").unwrap_err();
+        assert!(e.contains("pause-after-ms"), "{e}");
+        assert!(parse("pause-after-ms = 0").is_ok());
     }
 
     #[test]

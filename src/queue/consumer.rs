@@ -1,27 +1,32 @@
 //! The consumer thread: one librdkafka consumer per node, polled by a plain
 //! thread, which hands each message to the shard owning its partition over
 //! a bounded awaitable channel. When the shard is behind (its inbox full in
-//! messages or in bytes), the message waits in the thread and its partition
-//! is paused; the thread keeps polling (so the group's rebalances and
-//! `max.poll.interval.ms` are served), hands what waits over in order as the
-//! shard makes room, and then resumes the partitions. Each message passes
-//! the gap guard first (`gaps.rs`): where the broker skipped records, as
-//! tansu does on a resume inside a record batch, the partition is fetched
-//! again.
+//! messages or in bytes), the message waits in the thread, and the thread
+//! stops polling until the shard makes room (librdkafka's own fetch queue,
+//! bounded by `queued.max.messages.kbytes`, then stops fetching). Only when
+//! the wait outlasts `pause-after-ms` does it pause that shard's partitions
+//! and poll on for the others (so the group's rebalances and
+//! `max.poll.interval.ms` are served), hand what waits over in order as the
+//! shard makes room, and then resume the partitions. Each message passes
+//! the gap guard first (`gaps.rs`): where the broker skipped records after
+//! an assignment or a resume, as tansu does inside a record batch, the
+//! partition is fetched again. The guard learns of assignments from the
+//! group's rebalance callback ([`Group`]).
 
 use super::gaps::{Gaps, Verdict};
 use super::headers::HeaderList;
 use super::producer::{deliveries_max, DeliveryRouter};
 use super::{new_uuid, QueueConfig, QueueShared, INBOX_CAPACITY};
 use crate::runtime::loglimit::{log_due, LogLimit};
+use crate::stats::ShardStats;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::ThreadedProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often the consumer thread checks that the broker answers.
@@ -29,10 +34,54 @@ const KAFKA_PROBE_EVERY: Duration = Duration::from_secs(2);
 /// The consumer's poll timeout; shorter while messages wait for room.
 const POLL: Duration = Duration::from_millis(100);
 const POLL_WAITING: Duration = Duration::from_millis(10);
-/// The gap guard's look-up of a committed offset, and its seek, each wait
-/// at most this long.
+/// While a shard has no room for what waits (and for less than
+/// `pause-after-ms`), the thread looks again after this long.
+const ROOM_NAP: Duration = Duration::from_millis(1);
+/// How often the gap guard's silent partitions are looked for (each look
+/// scans every partition it knows).
+const SILENT_EVERY: Duration = Duration::from_millis(50);
+/// The gap guard's look-up of the committed offsets, and its seek, each
+/// wait at most this long.
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The consumer's context: records the group's assignments and
+/// revocations (librdkafka calls it from inside `poll`, on the consumer
+/// thread) for the thread to pass to the gap guard after the poll.
+#[derive(Default)]
+pub struct Group {
+    /// In order; at most a few entries (one per rebalance, taken after
+    /// every poll).
+    changes: Mutex<Vec<Change>>,
+}
+
+/// One rebalance: the input partitions assigned (`true`) or revoked.
+type Change = (bool, Vec<i32>);
+
+impl rdkafka::ClientContext for Group {}
+
+impl ConsumerContext for Group {
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let (assigned, tpl) = match rebalance {
+            Rebalance::Assign(tpl) => (true, tpl),
+            Rebalance::Revoke(tpl) => (false, tpl),
+            Rebalance::Error(_) => return,
+        };
+        let partitions = tpl.elements().iter().map(|e| e.partition()).collect();
+        if let Ok(mut changes) = self.changes.lock() {
+            changes.push((assigned, partitions));
+        }
+    }
+}
+
+impl Group {
+    fn take(&self) -> Vec<Change> {
+        self.changes
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c))
+            .unwrap_or_default()
+    }
+}
 
 /// A message from the input topic, owned, on its way to a shard.
 pub struct Inbound {
@@ -79,7 +128,11 @@ impl Drop for Charge {
 
 impl QueueShared {
     /// Create the Kafka clients and start the consumer thread.
-    pub fn start(config: &QueueConfig, shards: usize) -> Result<Arc<QueueShared>, String> {
+    pub fn start(
+        config: &QueueConfig,
+        stats: Arc<[ShardStats]>,
+    ) -> Result<Arc<QueueShared>, String> {
+        let shards = stats.len();
         let mut inbox_tx = Vec::new();
         let mut inboxes = Vec::new();
         let mut delivery_tx = Vec::new();
@@ -110,22 +163,7 @@ impl QueueShared {
                 senders: delivery_tx,
             })
             .map_err(|e| format!("[queue.producer]: {e}"))?;
-        let mut cc = ClientConfig::new();
-        cc.set("bootstrap.servers", &config.kafka_brokers)
-            .set("group.id", &config.consumer_group)
-            .set("enable.auto.commit", "true")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.commit.interval.ms", "1000")
-            .set("auto.offset.reset", "earliest")
-            .set("fetch.wait.max.ms", "20");
-        for (k, v) in &config.consumer {
-            cc.set(k, QueueConfig::property(v));
-        }
-        let consumer: BaseConsumer<DefaultConsumerContext> =
-            cc.create().map_err(|e| format!("[queue.consumer]: {e}"))?;
-        consumer
-            .subscribe(&[config.input_topic.as_str()])
-            .map_err(|e| format!("subscribe to {}: {e}", config.input_topic))?;
+        let consumer = group_consumer(config)?;
         let shared = Arc::new(QueueShared {
             config: config.clone(),
             node_id: new_uuid(),
@@ -145,24 +183,50 @@ impl QueueShared {
         let s = shared.clone();
         std::thread::Builder::new()
             .name("chronos-consumer".into())
-            .spawn(move || consume_thread(s, inbox_tx))
+            .spawn(move || consume_thread(s, inbox_tx, stats))
             .map_err(|e| format!("cannot start the consumer thread: {e}"))?;
         Ok(shared)
     }
 }
 
+/// The input topic's consumer, subscribed.
+fn group_consumer(config: &QueueConfig) -> Result<BaseConsumer<Group>, String> {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &config.kafka_brokers)
+        .set("group.id", &config.consumer_group)
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.commit.interval.ms", "1000")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", "20");
+    for (k, v) in &config.consumer {
+        cc.set(k, QueueConfig::property(v));
+    }
+    let consumer: BaseConsumer<Group> = cc
+        .create_with_context(Group::default())
+        .map_err(|e| format!("[queue.consumer]: {e}"))?;
+    consumer
+        .subscribe(&[config.input_topic.as_str()])
+        .map_err(|e| format!("subscribe to {}: {e}", config.input_topic))?;
+    Ok(consumer)
+}
+
 /// Poll the consumer and hand each message to its partition's shard. Ends
 /// when the queue is stopped (dropping the senders ends the shards'
 /// enqueue tasks).
-fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<Inbound>>) {
-    let mut h = Handoff::new(&shared, inboxes);
+fn consume_thread(
+    shared: Arc<QueueShared>,
+    inboxes: Vec<async_channel::Sender<Inbound>>,
+    stats: Arc<[ShardStats]>,
+) {
+    let mut h = Handoff::new(&shared, inboxes, stats);
     let mut last_error_log: Option<Instant> = None;
     let mut last_probe: Option<Instant> = None;
     while !shared.stopped.load(Ordering::Relaxed) {
         if h.stall.check(&shared) {
             // Out of the group: what waits is dropped (see StallWatch), and
             // must be let through again when it is fetched again.
-            h.waiting.iter_mut().for_each(|w| w.messages.clear());
+            h.waiting.iter_mut().for_each(Waiting::clear);
             h.gaps.reset();
         }
         // Readiness: can the broker be reached? (An idle topic yields no
@@ -178,14 +242,18 @@ fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<I
         if !h.drain() {
             return;
         }
+        if h.blocked(Instant::now()) {
+            std::thread::sleep(ROOM_NAP);
+            continue;
+        }
         h.seek_silent();
         let timeout = if h.any_waiting() { POLL_WAITING } else { POLL };
-        let Some(result) = shared.consumer.poll(timeout) else {
-            continue;
-        };
-        let m = match result {
-            Ok(m) => m,
-            Err(e) => {
+        let polled = shared.consumer.poll(timeout);
+        h.rebalanced();
+        let m = match polled {
+            None => continue,
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
                 if last_error_log.is_none_or(|t| t.elapsed() > Duration::from_secs(30)) {
                     tracing::warn!(target: "chronos::queue", "Kafka consumer: {e}");
                     last_error_log = Some(Instant::now());
@@ -200,20 +268,30 @@ fn consume_thread(shared: Arc<QueueShared>, inboxes: Vec<async_channel::Sender<I
     }
 }
 
-/// The group's committed offset of `partition` (`None`: none, or the
-/// broker did not say within [`COMMITTED_TIMEOUT`]).
-fn committed_offset(
-    consumer: &BaseConsumer<DefaultConsumerContext>,
+/// The group's committed offsets of `partitions` of `topic` (`None` for
+/// one without, or for all when the broker did not say within
+/// [`COMMITTED_TIMEOUT`]): one request for all of them.
+fn committed_offsets(
+    consumer: &BaseConsumer<Group>,
     topic: &str,
-    partition: i32,
-) -> Option<i64> {
+    partitions: &[i32],
+) -> Vec<Option<i64>> {
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, partition);
-    let got = consumer.committed_offsets(tpl, COMMITTED_TIMEOUT).ok()?;
-    match got.find_partition(topic, partition)?.offset() {
+    for &p in partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = match consumer.committed_offsets(tpl, COMMITTED_TIMEOUT) {
+        Ok(got) => got,
+        Err(e) => {
+            tracing::warn!(target: "chronos::queue", "the committed offsets of the assigned partitions could not be had ({e}): their first records are let through unchecked");
+            return vec![None; partitions.len()];
+        }
+    };
+    let offset = |p: i32| match got.find_partition(topic, p)?.offset() {
         Offset::Offset(n) => Some(n),
         _ => None,
-    }
+    };
+    partitions.iter().map(|&p| offset(p)).collect()
 }
 
 /// An owned copy of a polled message.
@@ -240,13 +318,27 @@ fn inbound_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Inbound {
 }
 
 /// Per shard: messages polled but not yet handed over, in order, and the
-/// partitions paused meanwhile. At most what librdkafka had fetched for a
-/// partition when it was paused (a pause drops the rest of its fetched
-/// messages; they are fetched again on resume).
+/// partitions paused meanwhile. Bounded: while messages wait for a shard
+/// the thread either polls nothing (up to `pause-after-ms`) or has paused
+/// the partitions they came from, so at most what librdkafka had fetched
+/// for those partitions when they were paused waits here (a pause drops
+/// the rest of its fetched messages; they are fetched again on resume).
 #[derive(Default)]
 struct Waiting {
     messages: VecDeque<Inbound>,
+    /// Since when messages have waited (`None` while none wait).
+    since: Option<Instant>,
+    /// Whether the shard's partitions are paused as their messages come
+    /// (waited past `pause-after-ms`); until the resume.
+    pausing: bool,
     paused: Vec<i32>,
+}
+
+impl Waiting {
+    fn clear(&mut self) {
+        self.messages.clear();
+        self.since = None;
+    }
 }
 
 /// The consumer thread's side of the inboxes.
@@ -256,25 +348,42 @@ struct Handoff<'a> {
     waiting: Vec<Waiting>,
     stall: super::failure::StallWatch,
     gaps: Gaps,
+    /// When the gap guard's silent partitions were last looked for.
+    silent_looked: Instant,
     /// The gap guard's seek lines: at most one per [`SEEK_LOG_EVERY`]
     /// (an overloaded node against tansu seeks ~10 times a second).
     seek_log: LogLimit,
+    /// Counters (pauses, the guard's seeks) go to the partition's shard.
+    stats: Arc<[ShardStats]>,
+    pause_after: Duration,
 }
 
 /// At most one warning line about the gap guard's seeks per this long.
 const SEEK_LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl<'a> Handoff<'a> {
-    fn new(shared: &'a QueueShared, inboxes: Vec<async_channel::Sender<Inbound>>) -> Self {
+    fn new(
+        shared: &'a QueueShared,
+        inboxes: Vec<async_channel::Sender<Inbound>>,
+        stats: Arc<[ShardStats]>,
+    ) -> Self {
         assert_eq!(inboxes.len(), shared.inbox_bytes.len());
+        assert_eq!(inboxes.len(), stats.len());
         Handoff {
             shared,
             waiting: inboxes.iter().map(|_| Waiting::default()).collect(),
             inboxes,
             stall: Default::default(),
             gaps: Gaps::default(),
+            silent_looked: Instant::now(),
             seek_log: LogLimit::default(),
+            stats,
+            pause_after: Duration::from_millis(shared.config.pause_after_ms),
         }
+    }
+
+    fn shard_of(&self, partition: i32) -> usize {
+        partition.unsigned_abs() as usize % self.inboxes.len()
     }
 
     fn any_waiting(&self) -> bool {
@@ -299,32 +408,97 @@ impl<'a> Handoff<'a> {
     }
 
     /// Hand `m` to its shard, or keep it behind what already waits for that
-    /// shard and pause its partition. `false` when the inbox is closed.
+    /// shard (pausing its partition once the shard has had no room for
+    /// `pause-after-ms`). `false` when the inbox is closed.
     fn offer(&mut self, m: Inbound) -> bool {
         if self.stall.is_out() || !self.guard(&m) {
             return true;
         }
-        let s = m.partition.unsigned_abs() as usize % self.inboxes.len();
+        let s = self.shard_of(m.partition);
         if self.waiting[s].messages.is_empty() && self.room(s, m.bytes()) {
             return self.send(s, m);
         }
+        let now = Instant::now();
+        let partition = m.partition;
         let w = &mut self.waiting[s];
-        if !w.paused.contains(&m.partition) {
-            w.paused.push(m.partition);
-            self.pause_resume(m.partition, true);
+        w.since.get_or_insert(now);
+        w.messages.push_back(m);
+        if w.pausing {
+            self.pause(s, partition);
+        } else {
+            self.start_pausing(s, now);
         }
-        self.waiting[s].messages.push_back(m);
         true
+    }
+
+    /// Whether the thread should wait for room rather than poll: messages
+    /// wait for some shard, for less than `pause-after-ms`. A shard that
+    /// waited longer has its partitions paused here.
+    fn blocked(&mut self, now: Instant) -> bool {
+        let mut blocked = false;
+        for s in 0..self.waiting.len() {
+            let w = &self.waiting[s];
+            if w.messages.is_empty() || w.pausing {
+                continue;
+            }
+            blocked |= !self.start_pausing(s, now);
+        }
+        blocked
+    }
+
+    /// Once shard `s`'s messages have waited `pause-after-ms`, pause the
+    /// partitions they came from (and, from now on until the resume, each
+    /// partition as its messages come): `true` if so.
+    fn start_pausing(&mut self, s: usize, now: Instant) -> bool {
+        let since = self.waiting[s].since.unwrap_or(now);
+        if now.saturating_duration_since(since) < self.pause_after {
+            return false;
+        }
+        self.waiting[s].pausing = true;
+        let mut partitions: Vec<i32> = self.waiting[s]
+            .messages
+            .iter()
+            .map(|m| m.partition)
+            .collect();
+        partitions.sort_unstable();
+        partitions.dedup();
+        for p in partitions {
+            self.pause(s, p);
+        }
+        true
+    }
+
+    /// Pause `partition` (of shard `s`) unless it is paused already.
+    fn pause(&mut self, s: usize, partition: i32) {
+        if self.waiting[s].paused.contains(&partition) {
+            return;
+        }
+        self.waiting[s].paused.push(partition);
+        self.pause_resume(partition, true);
+        ShardStats::add(&self.stats[s].queue_paused, 1);
+    }
+
+    /// Pass the group's assignments and revocations since the last poll to
+    /// the gap guard (one committed-offset look-up per assignment).
+    fn rebalanced(&mut self) {
+        let topic = self.shared.config.input_topic.as_str();
+        for (assigned, partitions) in self.shared.consumer.context().take() {
+            if !assigned {
+                partitions.iter().for_each(|&p| self.gaps.revoked(p));
+                continue;
+            }
+            let committed = committed_offsets(&self.shared.consumer, topic, &partitions);
+            let now = Instant::now();
+            for (&p, c) in partitions.iter().zip(committed) {
+                self.gaps.assigned(p, c, now);
+            }
+        }
     }
 
     /// The gap guard (`gaps.rs`): `false` when `m` is dropped (handed over
     /// before, or to be fetched again after a seek back).
     fn guard(&mut self, m: &Inbound) -> bool {
-        let consumer = &self.shared.consumer;
-        let topic = self.shared.config.input_topic.as_str();
-        let committed = || committed_offset(consumer, topic, m.partition);
-        let now = Instant::now();
-        let from = match self.gaps.check(m.partition, m.offset, now, committed) {
+        let from = match self.gaps.check(m.partition, m.offset, Instant::now()) {
             Verdict::Accept => return true,
             Verdict::Drop => return false,
             Verdict::Seek(from) => from,
@@ -339,8 +513,8 @@ impl<'a> Handoff<'a> {
 
     /// Seek `partition` back to `from` (the gap guard's verdict, for
     /// `why`; logged as a warning when `loud`, else at debug level: a
-    /// partition silent after its resume is the common case with any
-    /// broker); `false` if the seek failed.
+    /// partition silent after its assignment or resume is the common case
+    /// with any broker); `false` if the seek failed.
     fn seek_back(&self, partition: i32, from: i64, why: &str, loud: bool) -> bool {
         let topic = self.shared.config.input_topic.as_str();
         let offset = Offset::Offset(from);
@@ -349,14 +523,17 @@ impl<'a> Handoff<'a> {
             .consumer
             .seek(topic, partition, offset, SEEK_TIMEOUT)
         {
-            Ok(()) if loud => {
-                if let Some(quiet) = log_due(&self.seek_log, Instant::now(), SEEK_LOG_EVERY) {
-                    tracing::warn!(target: "chronos::queue", partition, "input {why}: fetching the partition again from {from} (a broker that skips the rest of a record batch on a fetch from inside it, as tansu 0.6 does; or records compacted away); {quiet} more such seeks since the last line");
-                }
-                true
-            }
             Ok(()) => {
-                tracing::debug!(target: "chronos::queue", partition, "input {why}: fetching the partition again from {from}");
+                ShardStats::add(&self.stats[self.shard_of(partition)].queue_refetched, 1);
+                let quiet = log_due(&self.seek_log, Instant::now(), SEEK_LOG_EVERY);
+                match quiet {
+                    Some(quiet) if loud => {
+                        tracing::warn!(target: "chronos::queue", partition, "input {why}: fetching the partition again from {from} (a broker that skips the rest of a record batch on a fetch from inside it, as tansu 0.6 does; or records compacted away); {quiet} more such seeks since the last line")
+                    }
+                    _ => {
+                        tracing::debug!(target: "chronos::queue", partition, "input {why}: fetching the partition again from {from}")
+                    }
+                }
                 true
             }
             Err(e) => {
@@ -366,10 +543,21 @@ impl<'a> Handoff<'a> {
         }
     }
 
-    /// Seek back the partitions silent since a resume or a seek back.
+    /// Seek back the partitions silent since an assignment, a resume or a
+    /// seek back (looked for at most every [`SILENT_EVERY`]).
     fn seek_silent(&mut self) {
-        for (partition, from) in self.gaps.silent(Instant::now()) {
-            if !self.seek_back(partition, from, "partition silent after a resume", false) {
+        let now = Instant::now();
+        if now.saturating_duration_since(self.silent_looked) < SILENT_EVERY {
+            return;
+        }
+        self.silent_looked = now;
+        for (partition, from) in self.gaps.silent(now) {
+            if !self.seek_back(
+                partition,
+                from,
+                "partition silent after an assignment or a resume",
+                false,
+            ) {
                 self.gaps.give_up(partition);
             }
         }
@@ -392,7 +580,12 @@ impl<'a> Handoff<'a> {
                     return false;
                 }
             }
-            if self.waiting[s].messages.is_empty() && self.half_empty(s) {
+            let w = &mut self.waiting[s];
+            if w.messages.is_empty() {
+                w.since = None;
+            }
+            if w.messages.is_empty() && self.half_empty(s) {
+                self.waiting[s].pausing = false;
                 for p in std::mem::take(&mut self.waiting[s].paused) {
                     self.pause_resume(p, false);
                     self.gaps.resumed(p, Instant::now());

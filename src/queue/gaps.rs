@@ -1,5 +1,6 @@
-//! The consumer thread's gap guard: a forward jump in a partition's
-//! offsets is checked before the message is handed over.
+//! The consumer thread's gap guard: after a partition is assigned,
+//! resumed or sought, its first record is checked against the offset it
+//! should start from before anything is handed over.
 //!
 //! A Kafka broker answers a fetch from an offset inside a record batch with
 //! that whole batch (librdkafka skips the records before the offset).
@@ -8,28 +9,35 @@
 //! sees the rest of it, and once it stores a later offset the skipped
 //! messages are committed past: lost. librdkafka fetches from inside a
 //! batch whenever it resumes a paused partition (the consumer thread
-//! pauses a partition while its shard has no room) and whenever it starts
-//! from a committed offset. At 50 k messages/s the node lost 264 of
-//! 500,000 so (perf/README, "Issue 22: the delay queue at 50 k/s").
+//! pauses a partition when its shard stayed full for `pause-after-ms`)
+//! and whenever it starts from a committed offset (an assignment). At
+//! 50 k messages/s the node lost 264 of 500,000 so (perf/README, "Issue
+//! 22: the delay queue at 50 k/s"). Between those points librdkafka
+//! fetches from where the last whole batch ended, which any broker answers
+//! contiguously, so a record there is let through unchecked (a gap there
+//! is genuine: a transaction's commit marker, compaction), and the guard
+//! costs nothing per record.
 //!
-//! So, per partition, the guard knows the next offset it expects (after
-//! the highest one it let through; at the first message, the group's
-//! committed offset). A message past it is held back (dropped, to be
-//! fetched again) and the partition is sought back to just before the
+//! So, per partition, the guard knows the next offset it expects: after
+//! an assignment, the group's committed offset (looked up once for all
+//! the assigned partitions); after a resume, the offset after the highest
+//! one it let through. The first record past it is held back (dropped, to
+//! be fetched again) and the partition is sought back to just before the
 //! expected offset, then twice as far back each time the broker again
 //! answers past it, until a record at or before the expected one comes:
 //! from there the broker's answer is contiguous, the records before the
-//! expected offset (already handed over) are dropped and the rest flow
-//! as before. When even the beginning of the partition answers past it,
-//! the records in between do not exist (compaction, retention, transaction
-//! markers) and the jump is let through. A resumed partition that stays
-//! silent for [`SILENCE`] is sought back the same way (the rest of the
-//! batch it resumed in is never returned, and nothing after it may come
-//! for a long time), and so is a sought one. Given up at the beginning,
-//! the partition still drops records before the expected offset. Against a Kafka broker the
-//! guard costs one look-up of the committed offset per partition and
-//! (re)start, one short fetch per genuine gap, and one per resume of a
-//! partition that then stays silent.
+//! expected offset (already handed over) are dropped and the rest flow.
+//! When even the beginning of the partition answers past it, the records
+//! in between do not exist (compaction, retention) and the jump is let
+//! through. A partition silent for [`SILENCE`] after its assignment,
+//! resume or seek is sought back the same way: the rest of the batch it
+//! started in is never returned (a partition assigned or resumed inside
+//! its last batch would otherwise wait for new input). Given up at the
+//! beginning, the partition still drops records before the expected
+//! offset. Against a Kafka broker the guard costs one batched look-up of
+//! the committed offsets per assignment, and one short fetch (the batch
+//! before the expected offset, dropped) per partition that is assigned or
+//! resumed and then stays silent.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -43,7 +51,7 @@ pub const SILENCE: Duration = Duration::from_millis(500);
 const SEEK_STEPS_MAX: u32 = 40;
 
 /// What to do with a polled message.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Hand it over as usual.
     Accept,
@@ -58,7 +66,8 @@ pub enum Verdict {
 enum State {
     #[default]
     Normal,
-    /// Resumed after a pause (at `since`): `target` should come first.
+    /// Assigned, or resumed after a pause (at `since`): `target` should
+    /// come first.
     Awaiting { target: i64, since: Instant },
     /// Sought back to `from` (at `since`), for `target`, the `steps`th time.
     Seeking {
@@ -85,20 +94,12 @@ pub struct Gaps {
 }
 
 impl Gaps {
-    /// The verdict on a message at `offset` of `partition`. `committed`
-    /// (the group's committed offset, `None` if there is none or it cannot
-    /// be had) is asked at most once, only for a partition's first message
-    /// and for a jump.
-    pub fn check(
-        &mut self,
-        partition: i32,
-        offset: i64,
-        now: Instant,
-        committed: impl FnOnce() -> Option<i64>,
-    ) -> Verdict {
+    /// The verdict on a message at `offset` of `partition`.
+    pub fn check(&mut self, partition: i32, offset: i64, now: Instant) -> Verdict {
         let part = self.parts.entry(partition).or_default();
         match part.state {
-            State::Normal => part.normal(offset, now, committed),
+            // Between check points the broker's answer is contiguous.
+            State::Normal => part.accept(offset),
             State::Awaiting { target, .. } if offset <= target => part.accept(offset),
             State::Awaiting { target, .. } => part.start_seek(target, now),
             State::Seeking {
@@ -111,6 +112,26 @@ impl Gaps {
         }
     }
 
+    /// `partition` was assigned to this node at `now`, to start from the
+    /// group's `committed` offset (`None`: none, or it could not be had;
+    /// the first record is then let through). Whatever was known of it
+    /// from an earlier assignment is forgotten.
+    pub fn assigned(&mut self, partition: i32, committed: Option<i64>, now: Instant) {
+        let part = match committed {
+            Some(target) if target >= 0 => Part {
+                next: Some(target),
+                state: State::Awaiting { target, since: now },
+            },
+            _ => Part::default(),
+        };
+        self.parts.insert(partition, part);
+    }
+
+    /// `partition` is no longer this node's.
+    pub fn revoked(&mut self, partition: i32) {
+        self.parts.remove(&partition);
+    }
+
     /// `partition` was resumed at `now`: what it let through last should
     /// be followed by its next offset.
     pub fn resumed(&mut self, partition: i32, now: Instant) {
@@ -121,8 +142,8 @@ impl Gaps {
         }
     }
 
-    /// The partitions silent for [`SILENCE`] since a resume or a seek
-    /// back, each with the offset to seek (further) back to; one given up
+    /// The partitions silent for [`SILENCE`] since an assignment, a
+    /// resume or a seek back, each with the offset to seek (further) back to; one given up
     /// on (sought back to the beginning) is let be.
     pub fn silent(&mut self, now: Instant) -> Vec<(i32, i64)> {
         let mut seeks = Vec::new();
@@ -195,29 +216,6 @@ impl Part {
         Verdict::Accept
     }
 
-    fn normal(
-        &mut self,
-        offset: i64,
-        now: Instant,
-        committed: impl FnOnce() -> Option<i64>,
-    ) -> Verdict {
-        let target = match self.next {
-            Some(next) if offset <= next => return self.accept(offset),
-            // Past what it let through: unless another member consumed and
-            // committed in between, some records were skipped.
-            Some(next) => committed().map_or(next, |c| c.max(next)),
-            // The first message: it should be the committed offset's.
-            None => match committed() {
-                Some(c) if c >= 0 => c,
-                _ => return self.accept(offset),
-            },
-        };
-        if offset <= target {
-            return self.accept(offset);
-        }
-        self.start_seek(target, now)
-    }
-
     /// Seek back to just before `target`.
     fn start_seek(&mut self, target: i64, now: Instant) -> Verdict {
         let from = target.saturating_sub(1).max(0);
@@ -282,47 +280,47 @@ impl Part {
 mod tests {
     use super::*;
 
-    fn run(g: &mut Gaps, offsets: &[i64], committed: Option<i64>) -> Vec<Verdict> {
+    fn run(g: &mut Gaps, offsets: &[i64]) -> Vec<Verdict> {
         let now = Instant::now();
-        offsets
-            .iter()
-            .map(|&o| g.check(0, o, now, || committed))
-            .collect()
+        offsets.iter().map(|&o| g.check(0, o, now)).collect()
     }
 
     use Verdict::{Accept as A, Drop as D, Seek as S};
 
+    /// Between check points everything flows: duplicates (a fetch again
+    /// after a failure) and gaps (commit markers, compaction) alike.
     #[test]
-    fn contiguous_offsets_and_duplicates_flow() {
+    fn offsets_flow_unchecked_between_check_points() {
         let mut g = Gaps::default();
-        assert_eq!(
-            run(&mut g, &[5, 6, 7, 3, 4, 5, 6, 7, 8], Some(5)),
-            [A, A, A, A, A, A, A, A, A]
-        );
+        assert_eq!(run(&mut g, &[5, 6, 7, 3, 4, 5, 6, 7, 8]), [A; 9]);
+        assert_eq!(run(&mut g, &[10, 20, 21]), [A, A, A]);
         assert!(!g.recovering(0));
     }
 
-    /// tansu: a fetch from 10 (inside the batch 8..=14) returns 15 first;
-    /// from 9 also 15; from 8, the batch itself.
+    /// tansu: resumed at 10, a fetch from 10 (inside the batch 8..=14)
+    /// returns 15 first; from 9 also 15; from 8, the batch itself.
     #[test]
     fn a_skipped_batch_tail_is_fetched_again_and_the_rest_flows() {
         let mut g = Gaps::default();
-        assert_eq!(run(&mut g, &[7, 8, 9], None), [A, A, A]);
-        assert_eq!(run(&mut g, &[15], None), [S(9)]);
+        assert_eq!(run(&mut g, &[7, 8, 9]), [A, A, A]);
+        g.resumed(0, Instant::now());
+        assert_eq!(run(&mut g, &[15]), [S(9)]);
         assert!(g.recovering(0));
-        assert_eq!(run(&mut g, &[15], None), [S(8)]);
-        let again = run(&mut g, &[8, 9, 10, 11, 12, 13, 14, 15, 16], None);
+        assert_eq!(run(&mut g, &[15]), [S(8)]);
+        let again = run(&mut g, &[8, 9, 10, 11, 12, 13, 14, 15, 16]);
         assert_eq!(again, [D, D, A, A, A, A, A, A, A]);
         assert!(!g.recovering(0));
     }
 
-    /// Kafka with records 10..=14 compacted away: the fetch from 9 answers
-    /// 9 then 15, and 15 is let through.
+    /// Kafka with records 10..=14 compacted away, resumed at 10: the fetch
+    /// from 9 answers 9 then 15, and 15 is let through.
     #[test]
-    fn a_genuine_gap_costs_one_fetch() {
+    fn a_genuine_gap_after_a_resume_costs_one_fetch() {
         let mut g = Gaps::default();
-        assert_eq!(run(&mut g, &[8, 9, 15], None), [A, A, S(9)]);
-        assert_eq!(run(&mut g, &[9, 15, 16], None), [D, A, A]);
+        assert_eq!(run(&mut g, &[8, 9]), [A, A]);
+        g.resumed(0, Instant::now());
+        assert_eq!(run(&mut g, &[15]), [S(9)]);
+        assert_eq!(run(&mut g, &[9, 15, 16]), [D, A, A]);
     }
 
     /// Nothing before 15 exists any more: the seeks reach the beginning
@@ -330,56 +328,86 @@ mod tests {
     #[test]
     fn a_gap_back_to_the_beginning_is_let_through() {
         let mut g = Gaps::default();
-        assert_eq!(run(&mut g, &[9, 15], None), [A, S(9)]);
-        assert_eq!(
-            run(&mut g, &[15, 15, 15, 15], None),
-            [S(8), S(6), S(2), S(0)]
-        );
-        assert_eq!(run(&mut g, &[15, 16], None), [A, A]);
+        assert_eq!(run(&mut g, &[9]), [A]);
+        g.resumed(0, Instant::now());
+        assert_eq!(run(&mut g, &[15]), [S(9)]);
+        assert_eq!(run(&mut g, &[15, 15, 15, 15]), [S(8), S(6), S(2), S(0)]);
+        assert_eq!(run(&mut g, &[15, 16]), [A, A]);
     }
 
     #[test]
-    fn the_first_message_is_checked_against_the_committed_offset() {
+    fn the_first_record_after_an_assignment_is_checked_against_the_committed_offset() {
         let mut g = Gaps::default();
-        assert_eq!(run(&mut g, &[150], Some(100)), [S(99)]);
-        assert_eq!(
-            run(&mut g, &[120, 99, 100, 101], Some(100)),
-            [S(98), D, A, A]
-        );
-        let mut g = Gaps::default();
-        assert_eq!(run(&mut g, &[150, 151], None), [A, A], "nothing committed");
-        let mut g = Gaps::default();
-        assert_eq!(run(&mut g, &[100, 101], Some(100)), [A, A]);
+        let now = Instant::now();
+        g.assigned(0, Some(100), now);
+        assert_eq!(run(&mut g, &[150]), [S(99)]);
+        assert_eq!(run(&mut g, &[120, 99, 100, 101]), [S(98), D, A, A]);
+        g.assigned(0, None, now);
+        assert_eq!(run(&mut g, &[150, 151]), [A, A], "nothing committed");
+        g.assigned(0, Some(100), now);
+        assert_eq!(run(&mut g, &[100, 101]), [A, A]);
     }
 
-    /// Another member consumed and committed up to 40 meanwhile: 40 is
-    /// expected; past it is checked.
+    /// Taken back after another member consumed and committed up to 40:
+    /// 40 is expected, not what this node let through before.
     #[test]
-    fn a_jump_to_the_committed_offset_flows() {
+    fn a_new_assignment_replaces_what_was_known() {
         let mut g = Gaps::default();
-        assert_eq!(run(&mut g, &[9, 40, 41], Some(40)), [A, A, A]);
-        assert_eq!(run(&mut g, &[50], Some(45)), [S(44)]);
+        let now = Instant::now();
+        g.assigned(0, Some(5), now);
+        assert_eq!(run(&mut g, &[5, 6, 7, 8, 9]), [A; 5]);
+        g.revoked(0);
+        assert!(!g.recovering(0));
+        g.assigned(0, Some(40), now);
+        assert_eq!(run(&mut g, &[40, 41]), [A, A]);
+        g.assigned(0, Some(45), now);
+        assert_eq!(run(&mut g, &[50]), [S(44)]);
+        g.revoked(0);
+        assert_eq!(run(&mut g, &[50]), [A], "forgotten");
+    }
+
+    /// tansu: assigned at 10, inside the batch 4..=12, the last one: nothing
+    /// comes; silent, the guard seeks back 9, 8, 6, 2, and the batch comes.
+    #[test]
+    fn a_partition_silent_after_its_assignment_is_sought_back() {
+        let mut g = Gaps::default();
+        let t0 = Instant::now();
+        g.assigned(0, Some(10), t0);
+        assert!(g.silent(t0 + SILENCE / 2).is_empty());
+        let mut at = t0;
+        for from in [9, 8, 6, 2] {
+            at += SILENCE;
+            assert_eq!(g.silent(at), [(0, from)]);
+        }
+        assert_eq!(g.check(0, 4, at), D);
+        assert_eq!(run(&mut g, &[9, 10, 11, 12]), [D, A, A, A]);
+        assert!(g.silent(at + SILENCE * 10).is_empty(), "recovered");
     }
 
     #[test]
     fn abandon_and_reset_let_everything_through() {
         let mut g = Gaps::default();
-        assert_eq!(run(&mut g, &[9, 15], None), [A, S(9)]);
+        assert_eq!(run(&mut g, &[9]), [A]);
+        g.resumed(0, Instant::now());
+        assert_eq!(run(&mut g, &[15]), [S(9)]);
         g.abandon(0, 15);
         assert!(!g.recovering(0));
-        assert_eq!(run(&mut g, &[16, 30], None), [A, S(16)]);
+        assert_eq!(run(&mut g, &[16, 30]), [A, A]);
+        g.assigned(0, Some(40), Instant::now());
         g.reset();
-        assert_eq!(run(&mut g, &[3, 4], None), [A, A]);
+        assert_eq!(run(&mut g, &[3, 4]), [A, A]);
     }
 
     #[test]
     fn partitions_are_independent() {
         let mut g = Gaps::default();
         let now = Instant::now();
-        assert_eq!(g.check(0, 9, now, || None), A);
-        assert_eq!(g.check(1, 100, now, || None), A);
-        assert_eq!(g.check(0, 15, now, || None), S(9));
-        assert_eq!(g.check(1, 101, now, || None), A);
+        assert_eq!(g.check(0, 9, now), A);
+        assert_eq!(g.check(1, 100, now), A);
+        g.resumed(0, now);
+        g.resumed(1, now);
+        assert_eq!(g.check(0, 15, now), S(9));
+        assert_eq!(g.check(1, 101, now), A);
         assert!(g.recovering(0) && !g.recovering(1));
     }
 
@@ -389,7 +417,7 @@ mod tests {
     fn a_partition_silent_after_its_resume_is_sought_back() {
         let mut g = Gaps::default();
         let t0 = Instant::now();
-        assert_eq!(run(&mut g, &[8, 9], None), [A, A]);
+        assert_eq!(run(&mut g, &[8, 9]), [A, A]);
         g.resumed(0, t0);
         assert!(g.silent(t0 + SILENCE / 2).is_empty());
         let mut at = t0;
@@ -397,8 +425,8 @@ mod tests {
             at += SILENCE;
             assert_eq!(g.silent(at), [(0, from)]);
         }
-        assert_eq!(g.check(0, 4, at, || None), D);
-        assert_eq!(run(&mut g, &[9, 10, 11], None), [D, A, A]);
+        assert_eq!(g.check(0, 4, at), D);
+        assert_eq!(run(&mut g, &[9, 10, 11]), [D, A, A]);
         assert!(g.silent(at + SILENCE * 10).is_empty(), "recovered");
     }
 
@@ -408,15 +436,15 @@ mod tests {
     fn a_resumed_partition_that_answers_costs_nothing() {
         let mut g = Gaps::default();
         let t0 = Instant::now();
-        assert_eq!(run(&mut g, &[8, 9], None), [A, A]);
+        assert_eq!(run(&mut g, &[8, 9]), [A, A]);
         g.resumed(0, t0);
-        assert_eq!(g.check(0, 10, t0, || None), A);
+        assert_eq!(g.check(0, 10, t0), A);
         assert!(g.silent(t0 + SILENCE * 2).is_empty());
         g.resumed(0, t0);
         assert_eq!(g.silent(t0 + SILENCE), [(0, 10)]);
-        assert_eq!(run(&mut g, &[10], None), [D]);
+        assert_eq!(run(&mut g, &[10]), [D]);
         assert!(g.silent(t0 + SILENCE * 4).is_empty(), "skipping: no timer");
-        assert_eq!(run(&mut g, &[11, 12], None), [A, A]);
+        assert_eq!(run(&mut g, &[11, 12]), [A, A]);
     }
 
     /// Sought back to the beginning without an answer: let be.
@@ -424,13 +452,13 @@ mod tests {
     fn silence_down_to_the_beginning_is_given_up() {
         let mut g = Gaps::default();
         let t0 = Instant::now();
-        assert_eq!(run(&mut g, &[0, 1], None), [A, A]);
+        assert_eq!(run(&mut g, &[0, 1]), [A, A]);
         g.resumed(0, t0);
         assert_eq!(g.silent(t0 + SILENCE), [(0, 1)]);
         assert_eq!(g.silent(t0 + SILENCE * 2), [(0, 0)]);
         assert!(g.silent(t0 + SILENCE * 3).is_empty());
         // Still dropping what was handed over, until the expected offset.
-        assert_eq!(run(&mut g, &[1, 2], None), [D, A]);
+        assert_eq!(run(&mut g, &[1, 2]), [D, A]);
         assert!(!g.recovering(0));
         g.resumed(0, t0);
         g.give_up(0);
@@ -444,7 +472,7 @@ mod tests {
     fn after_giving_up_an_answer_from_the_beginning_is_not_replayed() {
         let mut g = Gaps::default();
         let t0 = Instant::now();
-        assert_eq!(run(&mut g, &[6, 7], None), [A, A]);
+        assert_eq!(run(&mut g, &[6, 7]), [A, A]);
         g.resumed(0, t0);
         let mut at = t0;
         for from in [7, 6, 4, 0] {
@@ -452,7 +480,7 @@ mod tests {
             assert_eq!(g.silent(at), [(0, from)]);
         }
         assert!(g.silent(at + Duration::from_secs(10)).is_empty());
-        let replay = run(&mut g, &[0, 1, 2, 3, 4, 5, 6, 7, 8], None);
+        let replay = run(&mut g, &[0, 1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(replay, [D, D, D, D, D, D, D, D, A]);
     }
 }

@@ -39,7 +39,8 @@
 //!
 //! Bounded in messages and bytes: per shard, the inbox and the batch in
 //! hand (`INBOX_CAPACITY`, `inbox-bytes-max`: beyond them the consumer
-//! thread pauses the shard's partitions and keeps polling), and the
+//! thread waits for room, and past `pause-after-ms` pauses the shard's
+//! partitions and keeps polling), and the
 //! claimed messages held, publishing or waiting for their delete
 //! (`CLAIMED_IN_HAND_BATCHES`, `in-hand-bytes-max`: beyond them claims
 //! stop).
@@ -69,7 +70,7 @@ use crate::wheel::Wheel;
 use headers::HeaderList;
 use pg::{Pg, Role};
 use producer::{Delivery, DeliveryRouter};
-use rdkafka::consumer::{BaseConsumer, DefaultConsumerContext};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::ThreadedProducer;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -147,7 +148,7 @@ pub struct QueueShared {
     /// The same, in batches of one message: for a message whose batch was
     /// refused, to learn whether the refusal is about it.
     pub solo: ThreadedProducer<DeliveryRouter>,
-    pub consumer: Arc<BaseConsumer<DefaultConsumerContext>>,
+    pub consumer: Arc<BaseConsumer<consumer::Group>>,
     inboxes: Vec<async_channel::Receiver<Inbound>>,
     /// Per shard: the bytes of the messages in its inbox or its batch in
     /// hand (each message's [`consumer::Charge`] gives its share back).

@@ -277,6 +277,8 @@ counters! {
     queue_late: "Messages already due on arrival, published at once.",
     queue_fired: "Messages published from the table at their deadline.",
     queue_reset: "Readied messages reset after a suspected node failure.",
+    queue_paused: "Input partitions paused: their shard's inbox had no room for [queue] pause-after-ms (each resume costs a fetch again; against tansu, a seek back: chronos_queue_refetched_total).",
+    queue_refetched: "Input partitions sought back by the gap guard: a record past the expected offset after an assignment, a resume or a seek, or silence there for 500 ms.",
     queue_vacuums: "VACUUMs of the queue table run by this node ([queue] vacuum-dead-rows).",
     storage_records: "Records appended to the timer log ([storage]).",
     storage_bytes: "Bytes written to the timer log, padding included.",

@@ -209,6 +209,22 @@ pub fn committed_offsets(brokers: &str, group: &str, topic: &str, partitions: i3
         .collect()
 }
 
+/// Commit `offset` for `group` on `topic`'s `partition`, as a member that
+/// consumed up to it would (a node killed there, a partition taken over).
+pub fn commit_offset(brokers: &str, group: &str, topic: &str, partition: i32, offset: i64) {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))
+        .expect("offset");
+    c.commit(&tpl, rdkafka::consumer::CommitMode::Sync)
+        .expect("commit");
+}
+
 /// Produce one message whose header values are raw bytes, and wait for
 /// the broker's acknowledgement.
 pub fn produce_raw(
