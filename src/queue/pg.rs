@@ -252,6 +252,21 @@ pub fn schema(table: &str) -> String {
 const CUSTOM_PLANS: &str = "SELECT set_config('plan_cache_mode', 'force_custom_plan', false)
     WHERE current_setting('server_version_num')::int >= 120000;\n";
 
+/// Every statement of the node looks rows up by an index (the primary key,
+/// the waiting or the readied index); none is meant to read the table
+/// whole, nor to sort what it found. With `random_page_cost` at its disk
+/// default and statistics that lag a fast-growing table (autovacuum off,
+/// or not yet run), the planner chose otherwise (perf/README, issue 22,
+/// 2026-11-25, at 40 k messages/s): a sequential scan for the delete of
+/// ~650 IDs among 110,000 rows (45-280 ms each), and for the claim a
+/// bitmap scan of *every* due row, sorted by deadline (spilling to disk)
+/// to keep the first 2,000, so that a claim took longer the further the
+/// queue was behind. So sequential and bitmap scans are priced out of the
+/// node's sessions: the claim walks the waiting index in deadline order
+/// and stops at its limit, the others probe the primary key (a statement
+/// with no index path still gets a scan).
+const INDEX_PLANS: &str = "SET enable_seqscan = off;\nSET enable_bitmapscan = off;\n";
+
 /// The per-table autovacuum threshold (dead rows) set on a new table.
 const AUTOVACUUM_DEAD_ROWS: u64 = 10_000;
 
@@ -409,7 +424,7 @@ impl Pg {
             Role::Claim | Role::Delete => "SET synchronous_commit = off;\n",
         };
         let setup = format!(
-            "SET statement_timeout = {};\n{commit}{CUSTOM_PLANS}{}",
+            "SET statement_timeout = {};\n{commit}{INDEX_PLANS}{CUSTOM_PLANS}{}",
             self.statement_timeout_ms,
             schema(t)
         );
