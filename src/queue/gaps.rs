@@ -366,24 +366,6 @@ mod tests {
         assert_eq!(run(&mut g, &[50]), [A], "forgotten");
     }
 
-    /// tansu: assigned at 10, inside the batch 4..=12, the last one: nothing
-    /// comes; silent, the guard seeks back 9, 8, 6, 2, and the batch comes.
-    #[test]
-    fn a_partition_silent_after_its_assignment_is_sought_back() {
-        let mut g = Gaps::default();
-        let t0 = Instant::now();
-        g.assigned(0, Some(10), t0);
-        assert!(g.silent(t0 + SILENCE / 2).is_empty());
-        let mut at = t0;
-        for from in [9, 8, 6, 2] {
-            at += SILENCE;
-            assert_eq!(g.silent(at), [(0, from)]);
-        }
-        assert_eq!(g.check(0, 4, at), D);
-        assert_eq!(run(&mut g, &[9, 10, 11, 12]), [D, A, A, A]);
-        assert!(g.silent(at + SILENCE * 10).is_empty(), "recovered");
-    }
-
     #[test]
     fn abandon_and_reset_let_everything_through() {
         let mut g = Gaps::default();
@@ -411,23 +393,31 @@ mod tests {
         assert!(g.recovering(0) && !g.recovering(1));
     }
 
-    /// tansu: resumed at 10, inside the batch 4..=12, the last one: nothing
-    /// comes; silent, the guard seeks back 9, 8, 6, 2, and the batch comes.
+    /// tansu: assigned or resumed at 10, inside the batch 4..=12, the last
+    /// one: nothing comes; silent, the guard seeks back 9, 8, 6, 2, and
+    /// the batch comes.
     #[test]
-    fn a_partition_silent_after_its_resume_is_sought_back() {
-        let mut g = Gaps::default();
+    fn a_partition_silent_after_its_assignment_or_resume_is_sought_back() {
         let t0 = Instant::now();
-        assert_eq!(run(&mut g, &[8, 9]), [A, A]);
-        g.resumed(0, t0);
-        assert!(g.silent(t0 + SILENCE / 2).is_empty());
-        let mut at = t0;
-        for from in [9, 8, 6, 2] {
-            at += SILENCE;
-            assert_eq!(g.silent(at), [(0, from)]);
+        let assigned = |g: &mut Gaps| g.assigned(0, Some(10), t0);
+        let resumed = |g: &mut Gaps| {
+            assert_eq!(run(g, &[8, 9]), [A, A]);
+            g.resumed(0, t0);
+        };
+        let starts: [&dyn Fn(&mut Gaps); 2] = [&assigned, &resumed];
+        for start in starts {
+            let mut g = Gaps::default();
+            start(&mut g);
+            assert!(g.silent(t0 + SILENCE / 2).is_empty());
+            let mut at = t0;
+            for from in [9, 8, 6, 2] {
+                at += SILENCE;
+                assert_eq!(g.silent(at), [(0, from)]);
+            }
+            assert_eq!(g.check(0, 4, at), D);
+            assert_eq!(run(&mut g, &[9, 10, 11, 12]), [D, A, A, A]);
+            assert!(g.silent(at + SILENCE * 10).is_empty(), "recovered");
         }
-        assert_eq!(g.check(0, 4, at), D);
-        assert_eq!(run(&mut g, &[9, 10, 11]), [D, A, A]);
-        assert!(g.silent(at + SILENCE * 10).is_empty(), "recovered");
     }
 
     /// Kafka: a resumed partition's next record comes (or, silent, the
