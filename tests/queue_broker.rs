@@ -18,6 +18,7 @@ mod common;
 use common::queue::*;
 use common::*;
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::BaseProducer;
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -145,6 +146,125 @@ fn a_node_starting_inside_the_last_record_batch_delivers_its_tail() {
                 "{n} of the tail missing, the first {:?}",
                 left.first()
             )),
+        }
+    });
+}
+
+/// A partition paused because its shard is full, then given back to the
+/// same node by a rebalance (another member joins and leaves; the eager
+/// protocol revokes and assigns everything), stays paused in librdkafka.
+/// The guard counted its silence from the assignment and sought it back
+/// committed-1, -2, -4, ... to offset 0 while it could not answer (17
+/// seeks in the cold review's run), then re-read the whole partition. Now
+/// its check waits for the resume, and every message is still delivered.
+#[test]
+fn a_paused_partition_given_back_by_a_rebalance_is_not_sought_while_paused() {
+    const N: usize = 1000;
+    let s = setup("pausedrebalance", 1);
+    let p = batching_producer(&s.broker.brokers());
+    let value = vec![b'v'; VALUE_BYTES];
+    let due = iso(now_ms() + 1_000);
+    let keys: Vec<String> = (0..2 * N).map(|i| format!("m{i}")).collect();
+    let send = |ks: &[String]| {
+        for batch in ks.chunks(100) {
+            let msgs: Vec<Input> = batch
+                .iter()
+                .map(|k| Input {
+                    key: Some(k),
+                    value: &value,
+                    headers: vec![("chronosMessageId", k), ("chronosDeadline", due.as_str())],
+                })
+                .collect();
+            produce_to(&p, &s.input, 0, &msgs);
+        }
+    };
+    send(&keys[..N]);
+    let reader = OutputReader::start(&s.broker.brokers(), &s.output);
+    let node = s.node("inbox-bytes-max = 1048576\npostgres-stall-leave-ms = 120000\n");
+    wait_until("the first half committed", Duration::from_secs(60), || {
+        let c = committed_offsets(&s.broker.brokers(), &s.table, &s.input, 1)[0];
+        if c >= N as i64 {
+            Ok(())
+        } else {
+            Err(format!("committed {c}"))
+        }
+    });
+    // The inserts wait behind a lock: the shard fills, the partition pauses.
+    let lock = format!(
+        "BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(30); COMMIT;",
+        s.table
+    );
+    let mut locker = std::process::Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "test",
+            "-c",
+            &lock,
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("psql");
+    wait_until("the table locked", Duration::from_secs(10), || {
+        let n = psql(&format!("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = '{}' AND l.mode = 'AccessExclusiveLock' AND l.granted", s.table));
+        if n.trim() == "1" {
+            Ok(())
+        } else {
+            Err(n)
+        }
+    });
+    send(&keys[N..]);
+    wait_until("the partition paused", Duration::from_secs(10), || {
+        let n = node.metric("chronos_queue_paused_total");
+        if n >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{n}"))
+        }
+    });
+    let assigned = |n: &common::Node| n.log_text().matches("input partitions assigned").count();
+    let before = (
+        node.metric("chronos_queue_refetched_total"),
+        assigned(&node),
+    );
+    // Another member joins and leaves.
+    {
+        let other: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", s.broker.brokers())
+            .set("group.id", &s.table)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        other.subscribe(&[s.input.as_str()]).expect("subscribe");
+        wait_until("the other member joined", Duration::from_secs(20), || {
+            let _ = other.poll(Duration::from_millis(100));
+            match other.assignment() {
+                Ok(a) if assigned(&node) > before.1 => Ok(a.count()),
+                _ => Err("not yet".to_string()),
+            }
+        });
+    }
+    wait_until("the partition given back", Duration::from_secs(20), || {
+        if assigned(&node) >= before.1 + 2 {
+            Ok(())
+        } else {
+            Err(format!("{} assignments", assigned(&node)))
+        }
+    });
+    // Paused (the lock holds): six silence periods would have meant six
+    // seeks back before the fix.
+    std::thread::sleep(Duration::from_secs(3));
+    let sought = node.metric("chronos_queue_refetched_total") - before.0;
+    assert!(sought < 1.0, "sought back {sought} times while paused");
+    let _ = locker.wait();
+    wait_until("every message delivered", Duration::from_secs(90), || {
+        let got: BTreeSet<String> = reader.seen().into_iter().filter_map(|o| o.key).collect();
+        match keys.iter().filter(|k| !got.contains(k.as_str())).count() {
+            0 => Ok(()),
+            n => Err(format!("{n} missing")),
         }
     });
 }

@@ -488,9 +488,16 @@ impl<'a> Handoff<'a> {
                 continue;
             }
             let committed = committed_offsets(&self.shared.consumer, topic, &partitions);
+            tracing::info!(target: "chronos::queue", "input partitions assigned: {partitions:?}, committed offsets {committed:?}");
             let now = Instant::now();
             for (&p, c) in partitions.iter().zip(committed) {
-                self.gaps.assigned(p, c, now);
+                // Still paused here (a shard full across the rebalance):
+                // the check waits for the resume.
+                if self.waiting.iter().any(|w| w.paused.contains(&p)) {
+                    self.gaps.assigned_paused(p, c);
+                } else {
+                    self.gaps.assigned(p, c, now);
+                }
             }
         }
     }

@@ -127,6 +127,19 @@ impl Gaps {
         self.parts.insert(partition, part);
     }
 
+    /// `partition` was assigned to this node while the node holds it
+    /// paused (librdkafka keeps an application's pause across a revoke
+    /// and an assignment): nothing comes until the resume, so its silence
+    /// is not counted (it was sought back to offset 0 so, step by step);
+    /// [`Gaps::resumed`] arms the check at the `committed` offset.
+    pub fn assigned_paused(&mut self, partition: i32, committed: Option<i64>) {
+        let part = Part {
+            next: committed.filter(|&c| c >= 0),
+            state: State::Normal,
+        };
+        self.parts.insert(partition, part);
+    }
+
     /// `partition` is no longer this node's.
     pub fn revoked(&mut self, partition: i32) {
         self.parts.remove(&partition);
@@ -364,6 +377,27 @@ mod tests {
         assert_eq!(run(&mut g, &[50]), [S(44)]);
         g.revoked(0);
         assert_eq!(run(&mut g, &[50]), [A], "forgotten");
+    }
+
+    /// Given back while paused (an eager rebalance while its shard was
+    /// full): silent for as long as the pause lasts, and not sought; the
+    /// resume arms the check at the committed offset.
+    #[test]
+    fn a_partition_assigned_while_paused_waits_for_its_resume() {
+        let mut g = Gaps::default();
+        let t0 = Instant::now();
+        g.assigned_paused(0, Some(2000));
+        assert!(g.silent(t0 + SILENCE * 20).is_empty());
+        assert!(!g.recovering(0));
+        let t1 = t0 + SILENCE * 20;
+        g.resumed(0, t1);
+        assert!(g.recovering(0));
+        assert_eq!(g.silent(t1 + SILENCE), [(0, 1999)]);
+        let mut g = Gaps::default();
+        g.assigned_paused(0, None);
+        g.resumed(0, t0);
+        assert!(!g.recovering(0), "nothing committed: nothing to check");
+        assert_eq!(run(&mut g, &[7]), [A]);
     }
 
     #[test]
