@@ -30,6 +30,18 @@ const PER_BATCH: usize = 400;
 /// node's 1 MB `inbox-bytes-max`.
 const VALUE_BYTES: usize = 8192;
 
+/// One message per key (the key also its ID), each with `value`, due at
+/// `due`.
+fn inputs<'a>(keys: &'a [String], value: &'a [u8], due: &'a str) -> Vec<Input<'a>> {
+    keys.iter()
+        .map(|k| Input {
+            key: Some(k),
+            value,
+            headers: vec![("chronosMessageId", k), ("chronosDeadline", due)],
+        })
+        .collect()
+}
+
 /// A producer that puts each `produce_to` call's messages into one record
 /// batch (one linger, no size or count cut).
 fn batching_producer(brokers: &str) -> BaseProducer {
@@ -57,15 +69,7 @@ fn a_partition_resumed_inside_a_record_batch_loses_nothing() {
     let due = iso(now_ms() + 3_000);
     let keys: Vec<String> = (0..2 * PER_BATCH).map(|i| format!("m{i}")).collect();
     for batch in keys.chunks(PER_BATCH) {
-        let msgs: Vec<Input> = batch
-            .iter()
-            .map(|k| Input {
-                key: Some(k),
-                value: &value,
-                headers: vec![("chronosMessageId", k), ("chronosDeadline", due.as_str())],
-            })
-            .collect();
-        produce_to(&p, &s.input, 0, &msgs);
+        produce_to(&p, &s.input, 0, &inputs(batch, &value, &due));
     }
     let reader = OutputReader::start(&s.broker.brokers(), &s.output);
     // Small inserts, so that the shard takes the inbox slowly; a pause as
@@ -120,15 +124,7 @@ fn a_node_starting_inside_the_last_record_batch_delivers_its_tail() {
     let p = batching_producer(&s.broker.brokers());
     let due = iso(now_ms() + 2_000);
     let keys: Vec<String> = (0..MESSAGES).map(|i| format!("m{i}")).collect();
-    let msgs: Vec<Input> = keys
-        .iter()
-        .map(|k| Input {
-            key: Some(k),
-            value: b"v",
-            headers: vec![("chronosMessageId", k), ("chronosDeadline", due.as_str())],
-        })
-        .collect();
-    produce_to(&p, &s.input, 0, &msgs);
+    produce_to(&p, &s.input, 0, &inputs_due(&keys, &due));
     commit_offset(&s.broker.brokers(), &s.table, &s.input, 0, COMMITTED as i64);
     let committed = committed_offsets(&s.broker.brokers(), &s.table, &s.input, 1);
     assert_eq!(committed, [COMMITTED as i64], "the commit took");
@@ -167,15 +163,7 @@ fn a_paused_partition_given_back_by_a_rebalance_is_not_sought_while_paused() {
     let keys: Vec<String> = (0..2 * N).map(|i| format!("m{i}")).collect();
     let send = |ks: &[String]| {
         for batch in ks.chunks(100) {
-            let msgs: Vec<Input> = batch
-                .iter()
-                .map(|k| Input {
-                    key: Some(k),
-                    value: &value,
-                    headers: vec![("chronosMessageId", k), ("chronosDeadline", due.as_str())],
-                })
-                .collect();
-            produce_to(&p, &s.input, 0, &msgs);
+            produce_to(&p, &s.input, 0, &inputs(batch, &value, &due));
         }
     };
     send(&keys[..N]);
@@ -194,17 +182,8 @@ fn a_paused_partition_given_back_by_a_rebalance_is_not_sought_while_paused() {
         "BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(30); COMMIT;",
         s.table
     );
-    let mut locker = std::process::Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-c",
-            &lock,
-        ])
+    let mut locker = psql_command()
+        .args(["-c", &lock])
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("psql");

@@ -377,20 +377,15 @@ pub fn table_rows(table: &str) -> i64 {
         .unwrap_or_else(|_| panic!("psql count: {out:?}"))
 }
 
+/// `psql` on the tests' database (127.0.0.1:5432, `test`), arguments to add.
+pub fn psql_command() -> Command {
+    let mut c = Command::new("psql");
+    c.args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test"]);
+    c
+}
+
 pub fn psql(sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-tAc",
-            sql,
-        ])
-        .output()
-        .expect("psql");
+    let out = psql_command().args(["-tAc", sql]).output().expect("psql");
     assert!(
         out.status.success(),
         "psql {sql}: {}",
