@@ -9,6 +9,7 @@
 //! as it was before them.
 
 use super::{OpError, Shard};
+use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::stats::ShardStats;
 use crate::storage::{self, snapshot, Log, Recovered};
@@ -100,6 +101,10 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
         crate::runtime::bulk::breathe().await;
     }
     let count = images.len();
+    let recent = match shard.keeps_tombstones() {
+        true => super::resend::recent(&images, shard.replication_late_ms_max(), clock::unix_us()),
+        false => Vec::new(),
+    };
     drop(images);
     ShardStats::add(&stats.storage_replayed_records, recovered.replayed);
     ShardStats::add(&stats.storage_torn_tails, recovered.torn_tails);
@@ -118,6 +123,9 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
         .gate
         .spawn(compaction_loop(shard.clone(), log.clone(), dir, corrupt));
     shard.refresh_gauges(&shard.store.borrow());
+    if !recent.is_empty() {
+        shard.gate.spawn(super::resend::run(shard.clone(), recent));
+    }
     tracing::info!(target: "chronos::storage", "shard {}: recovered {count} timers and tombstones in {} ms", shard.id, started.elapsed().as_millis());
     if corrupt && shard.id == 0 && shard.has_peers() {
         // What the skipped records held comes back from the peers.

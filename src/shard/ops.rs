@@ -45,7 +45,7 @@ impl Shard {
 
     /// `default-replication-factor`, capped as the codec caps a requested
     /// one (no cluster has more nodes; a timer record keeps 7 bits).
-    fn default_factor(&self) -> u8 {
+    pub(super) fn default_factor(&self) -> u8 {
         let factor = self.resolved.config.timers.default_replication_factor;
         factor.min(crate::timer::NODES_MAX as u8)
     }
@@ -326,13 +326,9 @@ impl Shard {
         } else {
             t.interval_ms as u64
         };
-        let c = &self.resolved.config.cluster;
-        let mut late_ms_max = c.replication_deliver_within_ms + c.replication_timeout_ms;
-        if self.resolved.sites.replicating() {
-            // Another site's create can be retried this long behind a delete.
-            let st = &self.resolved.config.sites;
-            late_ms_max = late_ms_max.max(st.site_deliver_within_ms + st.site_timeout_ms);
-        }
+        // Another node's or site's create can be retried this long behind
+        // a delete.
+        let late_ms_max = self.replication_late_ms_max();
         (interval + self.skew_ms() * t.replication_factor().max(1) as u64).max(late_ms_max)
     }
 

@@ -25,6 +25,7 @@
 //! (`resync-page-timers`, and the serving node's byte bound), one request
 //! at a time, each within `resync-timeout-ms`.
 
+use super::room::Room;
 use super::Shard;
 use crate::cluster::{Cluster, Node};
 use crate::http::client::{Client, ClientConfig};
@@ -55,11 +56,6 @@ const BACKOFF_MS_MAX: u64 = 2_000;
 /// peers have not reloaded yet) is logged at info; one that lasts longer
 /// is a warning.
 pub const PEER_ERROR_GRACE_MS: u64 = 5_000;
-
-/// How often a resync looks for room in the replication queues, and how
-/// long it waits for it per timer.
-const ROOM_POLL_MS: u64 = 2;
-const ROOM_WAIT_MS_MAX: u64 = 10_000;
 
 /// Why a run stopped early: a reload changed the view under it. The run
 /// is started again under the new view.
@@ -172,7 +168,7 @@ async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String> {
         cluster: &cluster,
         all_views,
         deaf_leaving: 0,
-        congested: 0,
+        room: Room::new("the resync run"),
     };
     for peer in peers {
         match run.sync_from(peer).await {
@@ -244,8 +240,8 @@ struct Run<'a> {
     all_views: bool,
     /// Leaving nodes (peer mask) a DELETE could not reach in this run.
     deaf_leaving: u64,
-    /// Peers whose replication queue did not drain (see `wait_for_room`).
-    congested: u64,
+    /// Backpressure on the replication queues.
+    room: Room,
 }
 
 impl Run<'_> {
@@ -342,7 +338,7 @@ impl Run<'_> {
             }
         }
         let (replicate, tombstone) = (shard.without_me(replicate), shard.without_me(tombstone));
-        self.wait_for_room(replicate | tombstone).await?;
+        self.room.wait(shard, replicate | tombstone).await?;
         let (mut head, _) = shard.replica_head(id, &spec);
         // The start came as a delta to the serving node's clock when it
         // wrote the page; count it from when the page arrived, not from
@@ -370,35 +366,6 @@ impl Run<'_> {
             ShardStats::add(&s.resync_added, 1);
         }
         Ok((id, p as u8))
-    }
-
-    /// Backpressure: wait until the replication queues to `peers` are
-    /// less than half full. A peer whose queue does not drain within
-    /// `ROOM_WAIT_MS_MAX` (it is down) is not waited for again in this
-    /// run: its queue's own bounds drop and count what does not fit.
-    async fn wait_for_room(&mut self, peers: u64) -> Result<(), String> {
-        let shard = self.shard;
-        let started = Instant::now();
-        let wanted = peers & !self.congested;
-        while !shard.replicator.has_room(wanted) {
-            if shard.gate.is_closing() {
-                return Err("shutting down".into());
-            }
-            if started.elapsed() > Duration::from_millis(ROOM_WAIT_MS_MAX) {
-                let mut rest = wanted;
-                while rest != 0 {
-                    let peer = rest.trailing_zeros() as usize;
-                    rest &= rest - 1;
-                    if !shard.replicator.has_room(1u64 << peer) {
-                        tracing::warn!(target: "chronos::resync", "{}: its replication queue does not drain; not waited for again in this run", self.cluster.node_at(peer).address);
-                        self.congested |= 1u64 << peer;
-                    }
-                }
-                return Ok(());
-            }
-            glommio::timer::sleep(Duration::from_millis(ROOM_POLL_MS)).await;
-        }
-        Ok(())
     }
 
     /// `DELETE /timers/references` with this page's timers to every

@@ -256,6 +256,7 @@ counters! {
     replication_failed: "Replication messages given up: refused with a 4xx, or not delivered within replication-deliver-within-ms.",
     replication_dropped: "Replication messages dropped because the peer's queue was full.",
     replication_retried: "Replication messages queued again after a failed or refused delivery.",
+    replication_resent: "Replication messages queued again at start for the changes logged within the replication window before the node stopped (their queue was in memory).",
     replication_received: "Replication messages applied from other nodes.",
     replication_stale: "Replication messages ignored by the conflict rules (an older version).",
     tombstones_expired: "Tombstones that lived out their interval.",

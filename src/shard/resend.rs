@@ -1,0 +1,138 @@
+//! The re-send after a start (`[storage]` with peers or sites).
+//!
+//! A change is logged, answered, and its replication queued in memory
+//! for the other replicas and sites. A crash (or a stop while a peer
+//! cannot be reached) loses whatever was still queued, and replaying the
+//! log sends nothing: a delete answered a few ms before a `kill -9`
+//! stayed on this node while the other replicas popped the timer (the
+//! fault soak, seed 9675783058021869).
+//!
+//! So after the replay, every timer whose last logged change is younger
+//! than the replication window is sent again, as it now stands, to its
+//! replicas under the current view and every node its ID names; what this
+//! site originated (a client operation here: first in its site list) goes
+//! to the other sites too. Receivers apply it under the conflict rules,
+//! so a copy they already hold, or one they have since superseded,
+//! changes nothing there.
+//!
+//! The window is the longest a queued message is retried
+//! ([`Shard::replication_late_ms_max`]), counted back from the newest
+//! change in the log (when the node was last seen working; no later than
+//! now). Bounds: one `(ID, version)` pair per timer changed in that
+//! window (16 B), dropped as it is sent; sends wait for room in the
+//! peers' queues ([`Room`]). A timer changed again since the start is
+//! skipped: that change replicated itself.
+//!
+//! What this cannot mend: a replica that pops the timer before this node
+//! is back (down longer than that replica's skew) pops it.
+
+use super::room::Room;
+use super::Shard;
+use crate::runtime::bulk;
+use crate::stats::ShardStats;
+use crate::storage::record::Image;
+use crate::timer::spec::TAGS_MAX;
+use std::rc::Rc;
+
+/// The `(unique, version)` of every image changed within `window_ms`
+/// before the newest change among them (or before `now_us`, if earlier).
+pub(super) fn recent(images: &[Image<'_>], window_ms: u64, now_us: u64) -> Vec<(u64, u64)> {
+    let Some(newest_us) = images.iter().map(|i| i.head.version).max() else {
+        return Vec::new();
+    };
+    let since_us = newest_us
+        .min(now_us)
+        .saturating_sub(window_ms.saturating_mul(1000));
+    images
+        .iter()
+        .filter(|i| i.head.version >= since_us)
+        .map(|i| (i.head.id.unique, i.head.version))
+        .collect()
+}
+
+/// Send every timer of `recent` again (see the module doc).
+pub(super) async fn run(shard: Rc<Shard>, recent: Vec<(u64, u64)>) {
+    let mut room = Room::new("the re-send at start");
+    let mut resent = 0u64;
+    let mut pacer = bulk::Pacer::new();
+    for (unique, version) in recent {
+        let Some(targets) = shard.resend_targets(unique, version) else {
+            continue;
+        };
+        if room.wait(&shard, targets).await.is_err() {
+            break;
+        }
+        resent += shard.resend(unique, version);
+        pacer.tick().await;
+    }
+    ShardStats::add(&shard.my_stats().replication_resent, resent);
+    tracing::info!(target: "chronos::replication", "shard {}: re-sent {resent} replication messages for the changes logged before the start", shard.id);
+}
+
+impl Shard {
+    /// The replication window: how long after a change its replication
+    /// can still be delivered (`replication-deliver-within-ms` plus
+    /// `replication-timeout-ms`; the sites' when longer and replicating).
+    pub fn replication_late_ms_max(&self) -> u64 {
+        let c = &self.resolved.config.cluster;
+        let mut late_ms_max = c.replication_deliver_within_ms + c.replication_timeout_ms;
+        if self.resolved.sites.replicating() {
+            let st = &self.resolved.config.sites;
+            late_ms_max = late_ms_max.max(st.site_deliver_within_ms + st.site_timeout_ms);
+        }
+        late_ms_max
+    }
+
+    /// The peers a re-send of `unique` goes to (a mask), or `None` when
+    /// it is gone or changed since `version` was logged.
+    fn resend_targets(&self, unique: u64, version: u64) -> Option<u64> {
+        let store = self.store.borrow();
+        let (_, t) = store.get(unique)?;
+        if t.version != version {
+            return None;
+        }
+        let pl = self.placement(unique, self.resend_factor(t) as usize);
+        Some(self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom)))
+    }
+
+    /// A tombstone reaches every replica the default factor would have
+    /// (as a client's delete does); a live timer its own factor's.
+    fn resend_factor(&self, t: &crate::timer::Timer) -> u8 {
+        match t.is_tombstone() {
+            true => t.factor_requested().max(self.default_factor()),
+            false => t.factor_requested(),
+        }
+    }
+
+    /// Queue `unique` as it now stands for its other replicas and, if
+    /// this site originated it, the other sites. Returns the messages
+    /// queued for peers.
+    fn resend(&self, unique: u64, version: u64) -> u64 {
+        let Some(targets) = self.resend_targets(unique, version) else {
+            return 0;
+        };
+        let store = self.store.borrow();
+        let (_, t) = store.get(unique).expect("just found");
+        let cluster = self.cluster();
+        let pl = self.placement(unique, self.resend_factor(t) as usize);
+        let (names, n) = pl.names(&cluster);
+        let mut tags = [("", 0u32); TAGS_MAX];
+        let tag_count = store.tag_pairs(t, &mut tags);
+        let head = t.head();
+        let callback = (t.uri(), t.opaque());
+        if targets != 0 {
+            self.send_replication(
+                &cluster,
+                &head,
+                callback,
+                &tags[..tag_count],
+                &names[..n],
+                targets,
+            );
+        }
+        if head.site_index == 0 {
+            self.send_to_sites(&head, callback, &tags[..tag_count]);
+        }
+        targets.count_ones() as u64
+    }
+}
