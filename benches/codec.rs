@@ -88,6 +88,7 @@ fn json(c: &mut Criterion) {
         factor_requested: 2,
         tags: &tags,
         start_time_unix_ms: None,
+        only_newer: false,
     };
     let mut out = Vec::with_capacity(1024);
     encode_body(&mut out, &body);

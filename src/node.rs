@@ -341,10 +341,10 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
         MeshMsg::Apply {
             head,
             spec,
-            from_client,
+            source,
             reply,
         } => {
-            let applied = shard.apply(head, spec.as_deref(), from_client);
+            let applied = shard.apply(head, spec.as_deref(), source);
             match shard.log() {
                 // With a log, the answer waits until the change is durable.
                 Some(log) if applied.is_ok() && log.waits() => {

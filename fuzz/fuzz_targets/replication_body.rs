@@ -30,6 +30,7 @@ fuzz_target!(|data: &[u8]| {
         factor_requested: spec.replication_factor.unwrap_or(1),
         tags: &tags,
         start_time_unix_ms: None,
+        only_newer: false,
     };
     let mut out = Vec::new();
     encode_body(&mut out, &body);

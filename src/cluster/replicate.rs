@@ -138,6 +138,10 @@ pub struct Body<'a> {
     /// A resync entry's `start-time` (seed 000: wall-clock ms since the
     /// epoch, modulo `u32::MAX`); replication bodies carry only the delta.
     pub start_time_unix_ms: Option<u64>,
+    /// `reliability.only-newer` (this project's extension): the receiver
+    /// applies it only over an older version, never by sequence or as a
+    /// tombstone at a tie (a re-send after a start, `shard/resend.rs`).
+    pub only_newer: bool,
 }
 
 /// Seconds with millisecond resolution, as the codec reads them.
@@ -221,6 +225,9 @@ fn encode(out: &mut Vec<u8>, b: &Body<'_>, patchable: bool) -> Option<usize> {
             write_json_str(out, r);
         }
         out.push(b']');
+    }
+    if b.only_newer {
+        out.extend_from_slice(b",\"only-newer\":true");
     }
     out.push(b'}');
     if !b.tags.is_empty() {
@@ -427,6 +434,11 @@ impl Replicator {
             }
         }
         *current = next;
+    }
+
+    /// The address of peer `i` (for a log line).
+    pub fn address(&self, i: usize) -> Option<String> {
+        self.peers.borrow().get(i).map(|p| p.address.clone())
     }
 
     /// Whether every peer in `mask` (over the peer order) has less than
@@ -838,6 +850,7 @@ mod tests {
             factor_requested: 3,
             tags: &tags,
             start_time_unix_ms: None,
+            only_newer: true,
         };
         let mut out = Vec::new();
         encode_body(&mut out, &body);
@@ -858,6 +871,7 @@ mod tests {
         assert_eq!(r.version_us, Some(1_700_000_000_123_456));
         assert_eq!(r.cluster_view_id.as_deref(), Some("90691053180028962"));
         assert_eq!(r.replicas, vec!["10.0.0.1:7253", "10.0.0.2:7253"]);
+        assert!(r.only_newer, "only-newer travels");
 
         let tomb = Body {
             uri: "",
@@ -871,6 +885,14 @@ mod tests {
         encode_body(&mut out, &tomb);
         let s = spec::parse(&out, crate::http::uri::check).unwrap();
         assert!(s.is_tombstone());
+        let plain = Body {
+            only_newer: false,
+            ..body
+        };
+        out.clear();
+        encode_body(&mut out, &plain);
+        let s = spec::parse(&out, crate::http::uri::check).unwrap();
+        assert!(!s.replication.unwrap().only_newer);
     }
 
     fn body_with_delta(delta_ms: i64) -> Body<'static> {
@@ -888,6 +910,7 @@ mod tests {
             factor_requested: 1,
             tags: &[],
             start_time_unix_ms: None,
+            only_newer: false,
         }
     }
 

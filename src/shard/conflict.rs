@@ -8,9 +8,45 @@
 //! 3. **Sequence.** Of the same version, the one with more pops done wins.
 //! 4. **Tombstone.** At a tie, a tombstone beats a live copy.
 //!
-//! A client operation on this node always wins and never comes here.
+//! A client operation on this node always wins. A peer's re-send after
+//! its start (`reliability.only-newer`) must also be of a newer version
+//! ([`Source::PeerIfNewer`]).
 
 use crate::timer::TimerHead;
+
+/// Where an incoming change comes from, and so which rules it passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A client of this node: always applied.
+    Client,
+    /// Another node (replication, resync) or site: [`replaces`].
+    Peer,
+    /// A peer's re-send after its start (`shard/resend.rs`): a newer
+    /// version, and then [`replaces`]. It may carry a state never meant to
+    /// leave that node (a pop left to the next replica, a resync's
+    /// tombstone for a node no longer a replica), which would win here by
+    /// sequence or as a tombstone at a tie and stop a pop; the client
+    /// change it exists to carry is newer than any copy that missed it.
+    PeerIfNewer,
+}
+
+/// Whether `new` from `source` replaces `old` (stored here); see
+/// [`replaces`] for `current` and `past`.
+pub fn admits(
+    source: Source,
+    (new, new_tomb): (&TimerHead, bool),
+    (old, old_tomb): (&TimerHead, bool),
+    current: u32,
+    past: &[u32],
+) -> bool {
+    match source {
+        Source::Client => true,
+        Source::Peer => replaces(new, new_tomb, old, old_tomb, current, past),
+        Source::PeerIfNewer => {
+            new.version > old.version && replaces(new, new_tomb, old, old_tomb, current, past)
+        }
+    }
+}
 
 /// Whether `new` (from another node) replaces `old` (stored here).
 /// `current` is this shard's view fingerprint, `past` the views it held
@@ -119,6 +155,54 @@ mod tests {
         // The same message twice changes nothing.
         assert!(!wins(head(CUR, 1, 2), false, head(CUR, 1, 2), false));
         assert!(!wins(head(CUR, 1, 2), true, head(CUR, 1, 2), true));
+    }
+
+    /// A re-send passes only with a newer version: never by sequence (a
+    /// pop left to the next replica), never as a tombstone at a tie (a
+    /// resync's), and never over the current view.
+    #[test]
+    fn a_re_send_passes_only_with_a_newer_version() {
+        let re = |new: TimerHead, new_tomb, old: TimerHead, old_tomb| {
+            admits(
+                Source::PeerIfNewer,
+                (&new, new_tomb),
+                (&old, old_tomb),
+                CUR,
+                &PAST,
+            )
+        };
+        let peer = |new: TimerHead, new_tomb, old: TimerHead, old_tomb| {
+            admits(Source::Peer, (&new, new_tomb), (&old, old_tomb), CUR, &PAST)
+        };
+        for (new, new_tomb, old, old_tomb, as_peer, as_re_send) in [
+            (head(CUR, 2, 0), true, head(CUR, 1, 0), false, true, true),
+            (head(CUR, 2, 0), false, head(CUR, 1, 3), false, true, true),
+            (head(CUR, 1, 1), true, head(CUR, 1, 0), false, true, false),
+            (head(CUR, 1, 0), true, head(CUR, 1, 0), false, true, false),
+            (head(CUR, 1, 2), false, head(CUR, 1, 1), false, true, false),
+            (head(CUR, 1, 0), false, head(CUR, 2, 0), true, false, false),
+            (head(9, 3, 0), true, head(CUR, 1, 0), false, false, false),
+            (head(CUR, 1, 0), false, head(9, 3, 0), false, true, false),
+        ] {
+            assert_eq!(
+                peer(new, new_tomb, old, old_tomb),
+                as_peer,
+                "{new:?} over {old:?}"
+            );
+            assert_eq!(
+                re(new, new_tomb, old, old_tomb),
+                as_re_send,
+                "{new:?} over {old:?}"
+            );
+        }
+        let client = admits(
+            Source::Client,
+            (&head(9, 1, 0), false),
+            (&head(CUR, 5, 5), true),
+            CUR,
+            &PAST,
+        );
+        assert!(client, "a client's change always applies");
     }
 
     #[test]

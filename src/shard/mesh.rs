@@ -14,7 +14,7 @@ pub enum MeshMsg {
     Apply {
         head: TimerHead,
         spec: Option<Box<TimerSpec<'static>>>,
-        from_client: bool,
+        source: super::conflict::Source,
         reply: SharedSender<Reply>,
     },
     Tags {

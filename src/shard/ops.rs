@@ -2,9 +2,11 @@
 //! another node's replication `PUT` do, and `apply`, which stores one
 //! incarnation on the shard that owns its ID under the conflict rules.
 
+use super::conflict::{self, Source};
 use super::mesh::{MeshMsg, Reply};
+use super::replication::body_of;
 use super::view::Placement;
-use super::{conflict, Shard};
+use super::Shard;
 use crate::cluster::sites::{Sites, SITES_NONE};
 use crate::cluster::{address_bloom, NODES_MAX};
 use crate::runtime::clock;
@@ -101,7 +103,7 @@ impl Shard {
         let head = self.client_head(id, spec, &pl, now_us);
         self.check_backed(&pl, spec)?;
         if pl.my_index.is_some() {
-            self.apply(head, Some(spec), true)?;
+            self.apply(head, Some(spec), Source::Client)?;
         } else {
             ShardStats::add(&self.my_stats().timers_created, 1);
         }
@@ -157,7 +159,7 @@ impl Shard {
         let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(id.bloom));
         self.replicate_spec(&head, &spec, &pl, targets);
         let local = pl.my_index.map(|_| spec);
-        self.route_apply(head, local, true).await?;
+        self.route_apply(head, local, Source::Client).await?;
         Ok(new_id)
     }
 
@@ -198,7 +200,7 @@ impl Shard {
             self.send_replication(&cluster, &head, ("", ""), &[], &names[..n], targets);
         }
         self.send_to_sites(&head, ("", ""), &[]);
-        self.route_apply(head, None, true).await
+        self.route_apply(head, None, Source::Client).await
     }
 
     /// A replication `PUT` from another node (the body names `replicas`):
@@ -210,8 +212,9 @@ impl Shard {
     ) -> Result<TimerId, OpError> {
         let (head, is_replica) = self.replica_head(id, &spec);
         ShardStats::add(&self.my_stats().replication_received, 1);
+        let source = source_of(&spec);
         let local = (is_replica && !spec.is_tombstone()).then_some(spec);
-        self.route_apply(head, local, false).await?;
+        self.route_apply(head, local, source).await?;
         Ok(head.id)
     }
 
@@ -247,9 +250,15 @@ impl Shard {
         let tags: Vec<(&str, u32)> = spec.tags.iter().map(|(t, c)| (t.as_ref(), *c)).collect();
         let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
         let targets = self.without_me(targets);
-        self.send_replication(&cluster, &head, callback, &tags, &names[..n], targets);
+        let source = source_of(&spec);
+        if targets != 0 {
+            let sites = self.resolved.sites.names(head.sites);
+            let mut body = body_of(&head, callback, &tags, &names[..n], &sites, cluster.view_id);
+            body.only_newer = source == Source::PeerIfNewer;
+            self.send_body(head.id, &body, targets);
+        }
         if pl.my_index.is_some() {
-            self.route_apply(head, Some(spec), false).await?;
+            self.route_apply(head, Some(spec), source).await?;
         }
         Ok(head.id)
     }
@@ -338,7 +347,7 @@ impl Shard {
         &self,
         head: TimerHead,
         spec: Option<&TimerSpec>,
-        from_client: bool,
+        source: Source,
     ) -> Result<(), OpError> {
         assert_eq!(
             shard_of(head.id.unique, self.shards),
@@ -353,8 +362,7 @@ impl Shard {
             .map(|(due, t)| (due, t.head(), t.is_tombstone()));
         if let Some((_, old, old_tomb)) = &existing {
             let (current, past) = (self.view(), self.view.past());
-            if !from_client && !conflict::replaces(&head, tombstone, old, *old_tomb, current, &past)
-            {
+            if !conflict::admits(source, (&head, tombstone), (old, *old_tomb), current, &past) {
                 ShardStats::add(&self.my_stats().replication_stale, 1);
                 return Ok(());
             }
@@ -384,7 +392,7 @@ impl Shard {
         if let Some(o) = &old {
             self.keep_informational(&mut store, o, &head);
         }
-        if from_client {
+        if source == Source::Client {
             self.count_client_op(tombstone, old.as_ref().is_some_and(|t| !t.is_tombstone()));
         }
         let placed = self.place(&mut store, timer, old.as_ref(), old_due);
@@ -462,11 +470,11 @@ impl Shard {
         &self,
         head: TimerHead,
         spec: Option<TimerSpec<'_>>,
-        from_client: bool,
+        source: Source,
     ) -> Result<(), OpError> {
         let owner = shard_of(head.id.unique, self.shards);
         if owner == self.id {
-            self.apply(head, spec.as_ref(), from_client)?;
+            self.apply(head, spec.as_ref(), source)?;
             return self.settle().await;
         }
         ShardStats::add(&self.my_stats().mesh_forwarded, 1);
@@ -475,7 +483,7 @@ impl Shard {
             .ask(owner, |reply| MeshMsg::Apply {
                 head,
                 spec: spec.map(|s| Box::new(s.into_owned())),
-                from_client,
+                source,
                 reply,
             })
             .await;
@@ -483,5 +491,14 @@ impl Shard {
             Some(Reply::Applied(r)) => r,
             _ => Err(OpError::new(503, "owning shard is unavailable")),
         }
+    }
+}
+
+/// The rules a replication body passes: a re-send's only over an older
+/// version.
+fn source_of(spec: &TimerSpec) -> Source {
+    match spec.replication.as_ref().is_some_and(|r| r.only_newer) {
+        true => Source::PeerIfNewer,
+        false => Source::Peer,
     }
 }

@@ -25,6 +25,7 @@
 //! (`resync-page-timers`, and the serving node's byte bound), one request
 //! at a time, each within `resync-timeout-ms`.
 
+use super::conflict::Source;
 use super::room::Room;
 use super::Shard;
 use crate::cluster::{Cluster, Node};
@@ -338,7 +339,9 @@ impl Run<'_> {
             }
         }
         let (replicate, tombstone) = (shard.without_me(replicate), shard.without_me(tombstone));
-        self.room.wait(shard, replicate | tombstone).await?;
+        self.room
+            .wait(&shard.gate, &shard.replicator, replicate | tombstone)
+            .await?;
         let (mut head, _) = shard.replica_head(id, &spec);
         // The start came as a delta to the serving node's clock when it
         // wrote the page; count it from when the page arrived, not from
@@ -360,7 +363,7 @@ impl Run<'_> {
         ShardStats::add(&s.resync_tombstoned, tombstone.count_ones() as u64);
         if p <= old_pos(me) {
             shard
-                .route_apply(head, Some(spec), false)
+                .route_apply(head, Some(spec), Source::Peer)
                 .await
                 .map_err(|e| e.reason)?;
             ShardStats::add(&s.resync_added, 1);

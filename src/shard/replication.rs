@@ -10,7 +10,7 @@ use crate::cluster::sites::{Sites, SITES_NONE};
 use crate::cluster::Cluster;
 use crate::runtime::clock;
 use crate::timer::spec::TAGS_MAX;
-use crate::timer::{Timer, TimerHead, TimerSpec};
+use crate::timer::{Timer, TimerHead, TimerId, TimerSpec};
 
 /// The replication body of one incarnation, its start as seen from now
 /// (`replicas` empty: for another site; `sites` empty: none).
@@ -36,6 +36,7 @@ pub(super) fn body_of<'a>(
         factor_requested: head.factor_requested,
         tags,
         start_time_unix_ms: None,
+        only_newer: false,
     }
 }
 
@@ -58,11 +59,16 @@ impl Shard {
         assert!(tags.len() <= TAGS_MAX);
         let sites = self.resolved.sites.names(head.sites);
         let body = body_of(head, callback, tags, replicas, &sites, cluster.view_id);
+        self.send_body(head.id, &body, targets);
+    }
+
+    /// Queue one built body for every peer in `targets`.
+    pub(super) fn send_body(&self, id: TimerId, body: &Body<'_>, targets: u64) {
         let mut rest = targets;
         while rest != 0 {
             let peer = rest.trailing_zeros() as usize;
             rest &= rest - 1;
-            self.replicator.send(peer, head.id, &body);
+            self.replicator.send(peer, id, body);
         }
     }
 
@@ -87,7 +93,7 @@ impl Shard {
     }
 
     /// Whether [`Shard::send_to_sites`] sends `head` anywhere.
-    fn sends_to_sites(&self, head: &TimerHead) -> bool {
+    pub(super) fn sends_to_sites(&self, head: &TimerHead) -> bool {
         self.resolved.sites.replicating() && head.sites != SITES_NONE
     }
 

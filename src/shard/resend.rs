@@ -11,9 +11,15 @@
 //! than the replication window is sent again, as it now stands, to its
 //! replicas under the current view and every node its ID names; what this
 //! site originated (a client operation here: first in its site list) goes
-//! to the other sites too. Receivers apply it under the conflict rules,
-//! so a copy they already hold, or one they have since superseded,
-//! changes nothing there.
+//! to the other sites too. Each body says `"only-newer": true`: a
+//! receiver applies it only over an older version
+//! ([`super::conflict::Source::PeerIfNewer`]). What the log holds is not
+//! always what was sent: a pop left to the next replica is logged as
+//! done here (a higher sequence), a resync's tombstone for a node no
+//! longer a replica shares the live copies' version; under the plain
+//! rules either would stop the other replicas' pops (the soak lost
+//! timers that way). The client change a re-send exists for has a newer
+//! version than any copy that missed it.
 //!
 //! The window is the longest a queued message is retried
 //! ([`Shard::replication_late_ms_max`]), counted back from the newest
@@ -21,13 +27,16 @@
 //! now). Bounds: one `(ID, version)` pair per timer changed in that
 //! window (16 B), dropped as it is sent; sends wait for room in the
 //! peers' queues ([`Room`]). A timer changed again since the start is
-//! skipped: that change replicated itself.
+//! skipped: that change replicated itself; so is one logged under a
+//! cluster view since replaced (see `resend_targets`).
 //!
 //! What this cannot mend: a replica that pops the timer before this node
 //! is back (down longer than that replica's skew) pops it.
 
+use super::replication::body_of;
 use super::room::Room;
 use super::Shard;
+use crate::cluster::sites::Sites;
 use crate::runtime::bulk;
 use crate::stats::ShardStats;
 use crate::storage::record::Image;
@@ -52,14 +61,24 @@ pub(super) fn recent(images: &[Image<'_>], window_ms: u64, now_us: u64) -> Vec<(
 
 /// Send every timer of `recent` again (see the module doc).
 pub(super) async fn run(shard: Rc<Shard>, recent: Vec<(u64, u64)>) {
-    let mut room = Room::new("the re-send at start");
+    let (mut nodes, mut sites) = (
+        Room::new("the re-send at start"),
+        Room::new("the re-send at start"),
+    );
     let mut resent = 0u64;
     let mut pacer = bulk::Pacer::new();
     for (unique, version) in recent {
-        let Some(targets) = shard.resend_targets(unique, version) else {
+        if shard.gate.is_closing() {
+            break;
+        }
+        let Some((targets, site_slots)) = shard.resend_targets(unique, version) else {
             continue;
         };
-        if room.wait(&shard, targets).await.is_err() {
+        let room = match nodes.wait(&shard.gate, &shard.replicator, targets).await {
+            Ok(()) => sites.wait(&shard.gate, &shard.sites_out, site_slots).await,
+            stop => stop,
+        };
+        if room.is_err() {
             break;
         }
         resent += shard.resend(unique, version);
@@ -83,16 +102,30 @@ impl Shard {
         late_ms_max
     }
 
-    /// The peers a re-send of `unique` goes to (a mask), or `None` when
-    /// it is gone or changed since `version` was logged.
-    fn resend_targets(&self, unique: u64, version: u64) -> Option<u64> {
+    /// Where a re-send of `unique` goes: the peers (a mask over the
+    /// nodes) and the other sites (a mask over the site slots), or `None`
+    /// when it is gone or changed since `version` was logged.
+    fn resend_targets(&self, unique: u64, version: u64) -> Option<(u64, u64)> {
         let store = self.store.borrow();
         let (_, t) = store.get(unique)?;
-        if t.version != version {
+        // A body says the sender's current view, and a receiver takes a
+        // copy of its current view over one of an older view whatever the
+        // versions: a copy logged under a view since replaced (a reload
+        // while down) could undo a newer change there. Not sent: placing
+        // it under the new view is the resync's.
+        if t.version != version || t.view != self.view() {
             return None;
         }
         let pl = self.placement(unique, self.resend_factor(t) as usize);
-        Some(self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom)))
+        let peers = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
+        let head = t.head();
+        let mut sites = 0u64;
+        if head.site_index == 0 && self.sends_to_sites(&head) {
+            for slot in Sites::remote_in(head.sites) {
+                sites |= 1u64 << (slot - 1);
+            }
+        }
+        Some((peers, sites))
     }
 
     /// A tombstone reaches every replica the default factor would have
@@ -104,11 +137,11 @@ impl Shard {
         }
     }
 
-    /// Queue `unique` as it now stands for its other replicas and, if
-    /// this site originated it, the other sites. Returns the messages
-    /// queued for peers.
+    /// Queue `unique` as it now stands, marked `only-newer`, for its other
+    /// replicas and, if this site originated it, the other sites. Returns
+    /// the messages queued for peers.
     fn resend(&self, unique: u64, version: u64) -> u64 {
-        let Some(targets) = self.resend_targets(unique, version) else {
+        let Some((targets, site_slots)) = self.resend_targets(unique, version) else {
             return 0;
         };
         let store = self.store.borrow();
@@ -120,18 +153,17 @@ impl Shard {
         let tag_count = store.tag_pairs(t, &mut tags);
         let head = t.head();
         let callback = (t.uri(), t.opaque());
-        if targets != 0 {
-            self.send_replication(
-                &cluster,
-                &head,
-                callback,
-                &tags[..tag_count],
-                &names[..n],
-                targets,
-            );
-        }
-        if head.site_index == 0 {
-            self.send_to_sites(&head, callback, &tags[..tag_count]);
+        let sites = self.resolved.sites.names(head.sites);
+        let tags = &tags[..tag_count];
+        let mut body = body_of(&head, callback, tags, &names[..n], &sites, cluster.view_id);
+        body.only_newer = true;
+        self.send_body(head.id, &body, targets);
+        body.replicas = &[];
+        let mut rest = site_slots;
+        while rest != 0 {
+            let slot = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            self.sites_out.send(slot, head.id, &body);
         }
         targets.count_ones() as u64
     }

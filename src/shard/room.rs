@@ -7,7 +7,8 @@
 //! is down) is not waited for again by this sender; its queue's own
 //! bounds drop and count what does not fit.
 
-use super::Shard;
+use crate::cluster::replicate::Replicator;
+use crate::runtime::gate::Gate;
 use std::time::{Duration, Instant};
 
 /// How often a bulk sender looks for room, and how long it waits for it
@@ -15,7 +16,8 @@ use std::time::{Duration, Instant};
 const POLL_MS: u64 = 2;
 const WAIT_MS_MAX: u64 = 10_000;
 
-/// One bulk sender's view of the peers' queues.
+/// One bulk sender's view of one replicator's queues (to nodes, or to
+/// sites).
 pub(super) struct Room {
     /// Peers whose queue did not drain (not waited for again).
     congested: u64,
@@ -28,17 +30,22 @@ impl Room {
         Room { congested: 0, who }
     }
 
-    /// Wait until the replication queues to `peers` (a peer mask) are
-    /// less than half full; `Err` when the shard is shutting down.
-    pub(super) async fn wait(&mut self, shard: &Shard, peers: u64) -> Result<(), String> {
+    /// Wait until `out`'s queues to `peers` (a peer mask) are less than
+    /// half full; `Err` when `gate` is closing (a shutdown).
+    pub(super) async fn wait(
+        &mut self,
+        gate: &Gate,
+        out: &Replicator,
+        peers: u64,
+    ) -> Result<(), String> {
         let started = Instant::now();
         let wanted = peers & !self.congested;
-        while !shard.replicator.has_room(wanted) {
-            if shard.gate.is_closing() {
+        while !out.has_room(wanted) {
+            if gate.is_closing() {
                 return Err("shutting down".into());
             }
             if started.elapsed() > Duration::from_millis(WAIT_MS_MAX) {
-                self.give_up_on_full(shard, wanted);
+                self.give_up_on_full(out, wanted);
                 return Ok(());
             }
             glommio::timer::sleep(Duration::from_millis(POLL_MS)).await;
@@ -47,14 +54,13 @@ impl Room {
     }
 
     /// Mark every peer of `wanted` whose queue is still full as congested.
-    fn give_up_on_full(&mut self, shard: &Shard, wanted: u64) {
-        let cluster = shard.cluster();
+    fn give_up_on_full(&mut self, out: &Replicator, wanted: u64) {
         let mut rest = wanted;
         while rest != 0 {
             let peer = rest.trailing_zeros() as usize;
             rest &= rest - 1;
-            if !shard.replicator.has_room(1u64 << peer) {
-                let address = &cluster.node_at(peer).address;
+            if !out.has_room(1u64 << peer) {
+                let address = out.address(peer).unwrap_or_default();
                 tracing::warn!(target: "chronos::replication", "{address}: its replication queue does not drain; {} no longer waits for it", self.who);
                 self.congested |= 1u64 << peer;
             }

@@ -45,6 +45,8 @@ pub struct Replication<'a> {
     pub cluster_view_id: Option<Cow<'a, str>>,
     pub replicas: Vec<Cow<'a, str>>,
     pub sites: Vec<Cow<'a, str>>,
+    /// `reliability.only-newer`: apply only over an older version.
+    pub only_newer: bool,
 }
 
 impl TimerSpec<'_> {
@@ -72,6 +74,7 @@ impl TimerSpec<'_> {
                 cluster_view_id: r.cluster_view_id.map(own),
                 replicas: r.replicas.into_iter().map(own).collect(),
                 sites: r.sites.into_iter().map(own).collect(),
+                only_newer: r.only_newer,
             }),
         }
     }
@@ -177,6 +180,8 @@ struct RawReliability<'a> {
     replicas: Option<Vec<Cow<'a, str>>>,
     #[serde(borrow)]
     sites: Option<Vec<Cow<'a, str>>>,
+    #[serde(rename = "only-newer")]
+    only_newer: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize, PartialEq)]
@@ -400,6 +405,7 @@ fn parse_replication<'a>(
         replicas,
         cluster_view_id,
         sites,
+        only_newer,
         ..
     }) = reliability
     else {
@@ -424,6 +430,11 @@ fn parse_replication<'a>(
         (None, Some(s)) if !s.is_empty() => &none,
         (None, _) => return Ok(None),
     };
+    let only_newer = match only_newer {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(_) => return Err("reliability.only-newer must be true or false".into()),
+    };
     if sites.as_ref().is_some_and(|s| s.len() > SITES_LISTED_MAX) {
         return Err(format!(
             "reliability.sites lists more than {SITES_LISTED_MAX} sites"
@@ -436,6 +447,7 @@ fn parse_replication<'a>(
         cluster_view_id: cluster_view_id.clone(),
         replicas: replicas.clone(),
         sites: sites.clone().unwrap_or_default(),
+        only_newer,
     }))
 }
 

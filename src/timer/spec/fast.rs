@@ -281,6 +281,16 @@ impl<'a> Cursor<'a> {
         self.opt(|c| c.number().map(Value::Number))
     }
 
+    /// A `true`, `false` or `null` field serde reads as `Option<Value>`
+    /// (another value: `None`, left to serde's error).
+    fn opt_bool_value(&mut self) -> Option<Option<Value>> {
+        self.opt(|c| match c.peek()? {
+            b't' => c.word(b"true").map(|()| Value::Bool(true)),
+            b'f' => c.word(b"false").map(|()| Value::Bool(false)),
+            _ => None,
+        })
+    }
+
     /// An integer field (`opt_integer`), when it is in `T`'s range.
     fn opt_integer<T: TryFrom<i128>>(&mut self) -> Option<Option<T>> {
         self.opt(|c| T::try_from(integral(&c.number()?)?).ok())
@@ -413,6 +423,7 @@ impl<'a> Cursor<'a> {
             cluster_view_id: None,
             replicas: None,
             sites: None,
+            only_newer: None,
         };
         let mut seen = 0;
         self.object(|c, key| {
@@ -432,6 +443,10 @@ impl<'a> Cursor<'a> {
                 b"sites" => {
                     first(&mut seen, 8)?;
                     r.sites = c.opt(Self::texts)?;
+                }
+                b"only-newer" => {
+                    first(&mut seen, 16)?;
+                    r.only_newer = c.opt_bool_value()?;
                 }
                 _ => c.skip(SKIP_DEPTH_MAX)?,
             }
@@ -522,6 +537,9 @@ mod tests {
             r#"{"timing":{"interval":1,"start-time-delta":250,"sequence-number":2,"version":7},
                "callback":{},"reliability":{"cluster-view-id":"12","replicas":["10.0.0.1:7253","b:1"],"sites":["s"]}}"#,
             r#"{"callback":{"http":{"opaque":"x","uri":"http://a/"}},"timing":{"repeat-for":null,"interval":2}}"#,
+            r#"{"timing":{"interval":1,"sequence-number":1,"version":9},"callback":{},"reliability":{"replicas":["a:1"],"only-newer":true}}"#,
+            r#"{"timing":{"interval":1},"callback":{},"reliability":{"replicas":["a:1"],"only-newer":false}}"#,
+            r#"{"timing":{"interval":1},"callback":{},"reliability":{"replicas":["a:1"],"only-newer":null}}"#,
         ];
         for body in bodies {
             same(body, true);
@@ -656,6 +674,8 @@ mod tests {
             r#"{"timing":{"interval":1},"statistics":{"tag-info":[{"type":"A"},5]},"callback":{"http":{"uri":"http://a/"}}}"#,
             r#"{"timing":{"interval":1},"reliability":{"replicas":["a",1]},"callback":{}}"#,
             r#"{"timing":{"interval":1},"reliability":{"replication-factor":"2"},"callback":{"http":{"uri":"http://a/"}}}"#,
+            r#"{"timing":{"interval":1},"reliability":{"replicas":["a:1"],"only-newer":1},"callback":{}}"#,
+            r#"{"timing":{"interval":1},"reliability":{"replicas":["a:1"],"only-newer":"true"},"callback":{}}"#,
             "[1,2]",
         ];
         for body in declined {
