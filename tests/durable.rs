@@ -903,6 +903,24 @@ fn a_whole_cluster_killed_at_once_pops_every_timer() {
     assert!(twice <= 3, "{twice} duplicate pops of 300 (at most 1 %)");
 }
 
+/// Three nodes on one port, each with its own log, rf 3 (every node is a
+/// replica of every timer), `timers` more `[timers]` keys: the stores
+/// (removed when dropped), the port and the configs.
+fn durable_three(name: &str, timers: &str) -> (Vec<Store>, u16, Vec<String>) {
+    let stores: Vec<Store> = (1..=3).map(|i| Store::new(&format!("{name}{i}"))).collect();
+    let port = cluster_port(3);
+    let configs = (1..=3)
+        .map(|i| {
+            let extra = format!(
+                "{}[timers]\ndefault-replication-factor = 3\n{timers}",
+                stores[i - 1].section("")
+            );
+            cluster_config(3, i, port, 1, &extra)
+        })
+        .collect();
+    (stores, port, configs)
+}
+
 /// The fault soak's finding (seed 9675783058021869): a delete answered by
 /// a node killed before its replication reached the other replicas. Here
 /// node 3 is down while node 2 answers the deletes (so node 2's messages
@@ -911,18 +929,8 @@ fn a_whole_cluster_killed_at_once_pops_every_timer() {
 /// not pop the timers. rf 3: every node is a replica of every timer.
 #[test]
 fn a_delete_answered_just_before_a_kill_reaches_the_other_replicas() {
-    let stores: Vec<Store> = (1..=3).map(|i| Store::new(&format!("resend{i}"))).collect();
+    let (_stores, port, configs) = durable_three("resend", "");
     let sink = Sink::start(Behaviour::Ok);
-    let port = cluster_port(3);
-    let configs: Vec<String> = (1..=3)
-        .map(|i| {
-            let extra = format!(
-                "{}[timers]\ndefault-replication-factor = 3\n",
-                stores[i - 1].section("")
-            );
-            cluster_config(3, i, port, 1, &extra)
-        })
-        .collect();
     let mut nodes = start_three(port, &configs);
     let ids = create_each(&nodes[0], &sink, "gone", 20, "10");
     nodes[0].wait_replication_settled(Duration::from_secs(10));
@@ -960,18 +968,8 @@ fn a_delete_answered_just_before_a_kill_reaches_the_other_replicas() {
 /// then it is killed and started again: every timer must still pop.
 #[test]
 fn a_pop_left_to_the_next_replica_is_not_re_sent_as_done() {
-    let stores: Vec<Store> = (1..=3).map(|i| Store::new(&format!("left{i}"))).collect();
+    let (_stores, port, configs) = durable_three("left", "replica-skew-ms = 4000\n");
     let sink = Sink::start(Behaviour::Ok);
-    let port = cluster_port(3);
-    let configs: Vec<String> = (1..=3)
-        .map(|i| {
-            let extra = format!(
-                "{}[timers]\ndefault-replication-factor = 3\nreplica-skew-ms = 4000\n",
-                stores[i - 1].section("")
-            );
-            cluster_config(3, i, port, 1, &extra)
-        })
-        .collect();
     let mut nodes = start_three(port, &configs);
     create_each(&nodes[1], &sink, "left", 30, "2");
     nodes[1].wait_replication_settled(Duration::from_secs(10));
