@@ -26,7 +26,7 @@
 //! at a time, each within `resync-timeout-ms`.
 
 use super::conflict::Source;
-use super::room::Room;
+use super::room::{Room, Who};
 use super::Shard;
 use crate::cluster::{Cluster, Node};
 use crate::http::client::{Client, ClientConfig};
@@ -169,7 +169,7 @@ async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String> {
         cluster: &cluster,
         all_views,
         deaf_leaving: 0,
-        room: Room::new("the resync run"),
+        room: Room::new(Who::Resync),
     };
     for peer in peers {
         match run.sync_from(peer).await {

@@ -7,19 +7,29 @@
 //! stayed on this node while the other replicas popped the timer (the
 //! fault soak, seed 9675783058021869).
 //!
-//! So after the replay, every timer whose last logged change is younger
-//! than the replication window is sent again, as it now stands, to its
-//! replicas under the current view and every node its ID names; what this
-//! site originated (a client operation here: first in its site list) goes
-//! to the other sites too. Each body says `"only-newer": true`: a
-//! receiver applies it only over an older version
-//! ([`super::conflict::Source::PeerIfNewer`]). What the log holds is not
-//! always what was sent: a pop left to the next replica is logged as
-//! done here (a higher sequence), a resync's tombstone for a node no
-//! longer a replica shares the live copies' version; under the plain
-//! rules either would stop the other replicas' pops (the soak lost
-//! timers that way). The client change a re-send exists for has a newer
-//! version than any copy that missed it.
+//! So after the replay, the client changes logged within the replication
+//! window are sent again, newest first, as they now stand, to the
+//! timer's replicas under the current view and every node its ID names;
+//! what this site originated (first in its site list) goes to the other
+//! sites too.
+//!
+//! What the log holds is not always what was sent, and only what was
+//! goes out again: a state a client operation set (sequence 0: a create,
+//! an update, a delete's tombstone on one of the timer's replicas). Not
+//! sent: a pop's outcome (a pop left to the next replica is logged as
+//! done here; sent, it would stop the others' pops: the soak lost timers
+//! that way; a successful pop's own replication lost in the crash costs
+//! a duplicate at worst), a tombstone on a node that is not a replica
+//! (a resync's, or the one a client's update answered here leaves, which
+//! must not reach the replicas as a delete), a timer logged under a view
+//! since replaced (placing it is the resync's), and, after a downtime
+//! longer than the window, live timers (a peer may have let the
+//! tombstone of a delete made meanwhile expire). Each body also says
+//! `"only-newer": true`, and a receiver of this build applies it only
+//! over an older version ([`super::conflict::Source::PeerIfNewer`]); a
+//! node of an earlier build ignores the key, and what is sent is safe
+//! under its plain rules too (a live copy at sequence 0 never beats a
+//! copy of its own version; a delete's version is its own).
 //!
 //! The window is the longest a queued message is retried
 //! ([`Shard::replication_late_ms_max`]), counted back from the newest
@@ -27,14 +37,15 @@
 //! now). Bounds: one `(ID, version)` pair per timer changed in that
 //! window (16 B), dropped as it is sent; sends wait for room in the
 //! peers' queues ([`Room`]). A timer changed again since the start is
-//! skipped: that change replicated itself; so is one logged under a
-//! cluster view since replaced (see `resend_targets`).
+//! skipped: that change replicated itself.
 //!
 //! What this cannot mend: a replica that pops the timer before this node
-//! is back (down longer than that replica's skew) pops it.
+//! is back (down longer than that replica's skew) pops it; a delete
+//! answered by a node that is not one of the timer's replicas is not sent
+//! again.
 
 use super::replication::body_of;
-use super::room::Room;
+use super::room::{Room, Who};
 use super::Shard;
 use crate::cluster::sites::Sites;
 use crate::runtime::bulk;
@@ -43,30 +54,36 @@ use crate::storage::record::Image;
 use crate::timer::spec::TAGS_MAX;
 use std::rc::Rc;
 
-/// The `(unique, version)` of every image changed within `window_ms`
-/// before the newest change among them (or before `now_us`, if earlier).
+/// The `(unique, version)` of every image a start sends again (see the
+/// module doc), newest first: changed within `window_ms` before the
+/// newest change among them (or before `now_us`, if earlier); never a
+/// pop's outcome (sequence above 0); and only deletes (tombstones) when
+/// the node was down longer than the window.
 pub(super) fn recent(images: &[Image<'_>], window_ms: u64, now_us: u64) -> Vec<(u64, u64)> {
     let Some(newest_us) = images.iter().map(|i| i.head.version).max() else {
         return Vec::new();
     };
-    let since_us = newest_us
-        .min(now_us)
-        .saturating_sub(window_ms.saturating_mul(1000));
-    images
+    let window_us = window_ms.saturating_mul(1000);
+    let since_us = newest_us.min(now_us).saturating_sub(window_us);
+    // Down that long, a peer may have let the tombstone of a timer
+    // deleted meanwhile expire: a live copy sent now would bring it back.
+    let deletes_only = now_us.saturating_sub(newest_us) > window_us;
+    let mut out: Vec<(u64, u64)> = images
         .iter()
-        .filter(|i| i.head.version >= since_us)
+        .filter(|i| i.head.version >= since_us && i.head.sequence == 0)
+        .filter(|i| !deletes_only || i.uri.is_empty())
         .map(|i| (i.head.id.unique, i.head.version))
-        .collect()
+        .collect();
+    // The newest changes are the likeliest unsent; a delete's tombstone
+    // is due late and would otherwise come last.
+    out.sort_unstable_by_key(|&(_, version)| std::cmp::Reverse(version));
+    out
 }
 
 /// Send every timer of `recent` again (see the module doc).
 pub(super) async fn run(shard: Rc<Shard>, recent: Vec<(u64, u64)>) {
-    let (mut nodes, mut sites) = (
-        Room::new("the re-send at start"),
-        Room::new("the re-send at start"),
-    );
-    let mut resent = 0u64;
-    let mut pacer = bulk::Pacer::new();
+    let (mut nodes, mut sites) = (Room::new(Who::Resend), Room::new(Who::Resend));
+    let (mut resent, mut pacer) = (0u64, bulk::Pacer::new());
     for (unique, version) in recent {
         if shard.gate.is_closing() {
             break;
@@ -81,10 +98,12 @@ pub(super) async fn run(shard: Rc<Shard>, recent: Vec<(u64, u64)>) {
         if room.is_err() {
             break;
         }
-        resent += shard.resend(unique, version);
+        pacer.restart();
+        let queued = shard.resend(unique, version);
+        ShardStats::add(&shard.my_stats().replication_resent, queued);
+        resent += queued;
         pacer.tick().await;
     }
-    ShardStats::add(&shard.my_stats().replication_resent, resent);
     tracing::info!(target: "chronos::replication", "shard {}: re-sent {resent} replication messages for the changes logged before the start", shard.id);
 }
 
@@ -116,7 +135,16 @@ impl Shard {
         if t.version != version || t.view != self.view() {
             return None;
         }
+        if t.sequence != 0 {
+            return None;
+        }
         let pl = self.placement(unique, self.resend_factor(t) as usize);
+        // A tombstone on a node that is not a replica is not sent: it may
+        // stand for a live change (a client's update answered here, kept
+        // as a tombstone: the replicas got the timer) or be a resync's.
+        if t.is_tombstone() && pl.my_index.is_none() {
+            return None;
+        }
         let peers = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
         let head = t.head();
         let mut sites = 0u64;
@@ -139,7 +167,7 @@ impl Shard {
 
     /// Queue `unique` as it now stands, marked `only-newer`, for its other
     /// replicas and, if this site originated it, the other sites. Returns
-    /// the messages queued for peers.
+    /// the messages queued.
     fn resend(&self, unique: u64, version: u64) -> u64 {
         let Some((targets, site_slots)) = self.resend_targets(unique, version) else {
             return 0;
@@ -165,6 +193,6 @@ impl Shard {
             rest &= rest - 1;
             self.sites_out.send(slot, head.id, &body);
         }
-        targets.count_ones() as u64
+        (targets.count_ones() + site_slots.count_ones()) as u64
     }
 }

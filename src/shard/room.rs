@@ -16,17 +16,25 @@ use std::time::{Duration, Instant};
 const POLL_MS: u64 = 2;
 const WAIT_MS_MAX: u64 = 10_000;
 
+/// Which bulk sender waits (its warning's log target and words).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Who {
+    /// A resync run (`chronos::resync`).
+    Resync,
+    /// The re-send at start (`chronos::replication`).
+    Resend,
+}
+
 /// One bulk sender's view of one replicator's queues (to nodes, or to
 /// sites).
 pub(super) struct Room {
     /// Peers whose queue did not drain (not waited for again).
     congested: u64,
-    /// Who waits, as its warning names it ("the resync run").
-    who: &'static str,
+    who: Who,
 }
 
 impl Room {
-    pub(super) fn new(who: &'static str) -> Room {
+    pub(super) fn new(who: Who) -> Room {
         Room { congested: 0, who }
     }
 
@@ -61,7 +69,14 @@ impl Room {
             rest &= rest - 1;
             if !out.has_room(1u64 << peer) {
                 let address = out.address(peer).unwrap_or_default();
-                tracing::warn!(target: "chronos::replication", "{address}: its replication queue does not drain; {} no longer waits for it", self.who);
+                match self.who {
+                    Who::Resync => {
+                        tracing::warn!(target: "chronos::resync", "{address}: its replication queue does not drain; not waited for again in this run")
+                    }
+                    Who::Resend => {
+                        tracing::warn!(target: "chronos::replication", "{address}: its replication queue does not drain; the re-send at start no longer waits for it")
+                    }
+                }
                 self.congested |= 1u64 << peer;
             }
         }
