@@ -4,7 +4,7 @@
 # with wrk on the same machine, interleaved in one run.
 #
 #   perf/http-bench.sh [rounds] [seconds] [connections] [wrk threads]
-#   ROWS=pinned (default) | all      CHRONOS_BASELINE=<binary>
+#   ROWS=pinned (default) | all      CHRONOS_BASELINE=<binary>      FLOOR=1
 #
 # "pinned" (issue 22's configuration): nginx with one worker and chronos
 # with one shard (`--cores 1`), each pinned to CPU 0 (taskset), wrk pinned
@@ -15,6 +15,12 @@
 # commit). After the rounds, a summary gives per round nginx's CPU per
 # request over chronos's (the goal: >= 1.25), chronos's req/s over
 # nginx's, and POST over GET.
+#
+# FLOOR=1 adds two pinned rows of `chronos-perf floor` (perf/harness/
+# floor.rs): one-thread servers that answer every request head with
+# chronos's /ping bytes and do nothing else, one on epoll (read + write)
+# and one on io_uring (multishot RECV, SEND): the least CPU per request a
+# server can spend on this kernel's TCP, to tell what is within reach.
 #
 # "all" adds the older configurations, interleaved too:
 #  - "per core": nginx with one worker per core, chronos with one shard per
@@ -40,6 +46,7 @@ ROWS=${ROWS:-pinned}
 NGINX_PORT=18080; CHRONOS_PORT=17253; NGINX1_PORT=18081; CHRONOS1_PORT=17254
 GLOMMIO_PORT=17255; GLOMMIO1_PORT=17256; HASH_PORT=17257; BASE_PORT=17258
 PIN_NGINX_PORT=18082; PIN_CHRONOS_PORT=17259; PIN_BASE_PORT=17260
+FLOOR_EPOLL_PORT=17261; FLOOR_URING_PORT=17262
 SERVER_CPU=0; LOAD_CPU=1
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --release --quiet
@@ -102,6 +109,14 @@ if [ -n "${CHRONOS_BASELINE:-}" ]; then
   start_chronos "$CHRONOS_BASELINE" baseline-pin $PIN_BASE_PORT $SERVER_CPU --cores 1
   PIN_BPID=$LAST_PID
 fi
+FLOOR_EPID=""; FLOOR_UPID=""
+if [ "${FLOOR:-0}" = 1 ]; then
+  FLOOR_SECS=$((ROUNDS * SECS * 12 + 120))
+  taskset -c $SERVER_CPU "$TARGET_DIR/release/chronos-perf" floor epoll 127.0.0.1:$FLOOR_EPOLL_PORT $FLOOR_SECS &
+  FLOOR_EPID=$!; PIDS+=("$FLOOR_EPID")
+  taskset -c $SERVER_CPU "$TARGET_DIR/release/chronos-perf" floor uring 127.0.0.1:$FLOOR_URING_PORT $FLOOR_SECS &
+  FLOOR_UPID=$!; PIDS+=("$FLOOR_UPID")
+fi
 if [ "$ROWS" = all ]; then
   nginx_conf "$WORK/nginx.conf" $NGINX_PORT "$cores" "$WORK/nginx.pid"
   nginx_conf "$WORK/nginx1.conf" $NGINX1_PORT 1 "$WORK/nginx1.pid"
@@ -162,6 +177,10 @@ summary() { # per round: nginx cpu / chronos cpu, chronos rps / nginx rps, POST 
         if ((r, bg) in cpu)
           line = line sprintf("; baseline: CPU/req nginx / baseline GET %.2f, POST %.2f; chronos CPU/req over baseline GET %.2f, POST %.2f",
             cpu[r, ng] / cpu[r, bg], cpu[r, ng] / cpu[r, bp], cpu[r, cg] / cpu[r, bg], cpu[r, cp] / cpu[r, bp])
+        fe = "floor-epoll GET (pinned)"; fu = "floor-uring GET (pinned)"
+        if ((r, fe) in cpu)
+          line = line sprintf("; floor: CPU/req nginx / floor-epoll %.2f, nginx / floor-uring %.2f, chronos GET / floor-uring %.2f",
+            cpu[r, ng] / cpu[r, fe], cpu[r, ng] / cpu[r, fu], cpu[r, cg] / cpu[r, fu])
         print line
       }
     }' "$ROWS_TSV"
@@ -177,6 +196,10 @@ RESULT="perf/results/http-$(date +%Y-%m-%d)-t$THREADS$([ "$ROWS" = pinned ] && e
     if [ -n "$PIN_BPID" ]; then
       run "baseline GET /ping (pinned)" "$PIN_BPID" "http://127.0.0.1:$PIN_BASE_PORT/ping" "" $LOAD_CPU
       run "baseline POST /timers (pinned)" "$PIN_BPID" "http://127.0.0.1:$PIN_BASE_PORT/timers" "$WORK/post.lua" $LOAD_CPU
+    fi
+    if [ -n "$FLOOR_EPID" ]; then
+      run "floor-epoll GET (pinned)" "$FLOOR_EPID" "http://127.0.0.1:$FLOOR_EPOLL_PORT/ping" "" $LOAD_CPU
+      run "floor-uring GET (pinned)" "$FLOOR_UPID" "http://127.0.0.1:$FLOOR_URING_PORT/ping" "" $LOAD_CPU
     fi
     [ "$ROWS" = all ] || continue
     run "nginx GET /" "$NGINX_PIDS" "http://127.0.0.1:$NGINX_PORT/"

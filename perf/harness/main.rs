@@ -13,6 +13,8 @@
 //!                    [--grace-s 60]   (wait this long past the last deadline; arrivals after
 //!                     the first 60 s are reported as late, not lost)
 //!                    [--keep 1]   (keep the table, and leave the broker running with the topics)
+//! chronos-perf floor <epoll|uring> <ip:port> [seconds]   (the least a server can do
+//!                     per request: floor.rs; perf/http-bench.sh's FLOOR=1 rows)
 //! chronos-perf soak  [--duration-s 60] [--rate 200] [--seed N] [--cores 1]
 //!                    [--no-storage] [--keep] [--loopback]   (the fault soak: soak.rs)
 //! ```
@@ -24,6 +26,7 @@
 //! Every run is bounded in time and count.
 
 mod account;
+mod floor;
 mod report;
 mod soak;
 mod stages;
@@ -95,6 +98,9 @@ impl Args {
 
 fn main() {
     EPOCH.get_or_init(Instant::now);
+    if std::env::args().nth(1).as_deref() == Some("floor") {
+        std::process::exit(floor::main(&std::env::args().skip(2).collect::<Vec<_>>()));
+    }
     if std::env::args().nth(1).as_deref() == Some("soak") {
         std::process::exit(soak::main(&std::env::args().skip(2).collect::<Vec<_>>()));
     }
