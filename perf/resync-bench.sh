@@ -17,8 +17,10 @@
 # Prints, per binary, pop lateness idle vs resync (p99.9 ratio: issue 22's
 # goal is <= 2) and each node's longest stretch of bulk work without a
 # breath ("stretch-us-max" in GET /cluster; n/a on builds without it),
-# and the CPU seconds each node spent during the resync. The summary goes
-# to perf/results/resync-<k>k-[RESULT_TAG-]<date>.txt.
+# and the CPU seconds each node spent during the resync, and each node's
+# own pop lateness (its histogram: due time to the callback's first byte
+# on the socket), to tell the node's part of the tail from the rest. The
+# summary goes to perf/results/resync-<k>k-[RESULT_TAG-]<date>.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preload="${1:-1000000}"
@@ -47,6 +49,23 @@ else:
     bounds, counts = r["stretch-us-bounds"], r["stretch-counts"]
     print(r["stretch-us-max"], "us max CPU time (wall clock", r["stretch-wall-us-max"],
           "us); stretches up to", bounds, "us, and more:", counts)'
+}
+
+node_lateness() { # $1 = node address: its own pop lateness (due to the
+  # callback's first byte handed to the socket), from its histogram, so a
+  # run's tail can be split into the node's part and the way to the harness.
+  curl -fs "http://$1/metrics" | python3 -c '
+import sys
+b = {}
+for line in sys.stdin:
+    if line.startswith("chronos_pop_lateness_seconds_bucket"):
+        le = line.split("le=\"")[1].split("\"")[0]
+        b[le] = b.get(le, 0) + float(line.split()[-1])
+n = b.get("+Inf", 0)
+if n == 0:
+    print("no pops")
+else:
+    print(f"{n:.0f} pops; over", ", ".join(f"{float(le) * 1e3:g} ms: {n - c:.0f}" for le, c in b.items() if le != "+Inf" and 0.0005 <= float(le) <= 0.01))'
 }
 
 cpu_s() { # $1 = pid: its user + system CPU seconds so far
@@ -89,6 +108,8 @@ PY
     echo "$label: stretch without a breath, B (applying): $(stretch "$b")" | tee -a "$summary"
   fi
   wait "$h" || { cat "$work/$name.out"; exit 1; }
+  echo "$label $run: node-side pop lateness, A: $(node_lateness "$a")" | tee -a "$summary"
+  [ "$run" = resync ] && echo "$label $run: node-side pop lateness, B: $(node_lateness "$b")" | tee -a "$summary"
   tail -n 12 "$work/$name.out"
   stop_nodes
   sleep 1
