@@ -57,6 +57,11 @@ impl Shard {
             "a live timer has replicas"
         );
         assert!(tags.len() <= TAGS_MAX);
+        if targets == 0 {
+            // Nothing to queue: no site list, no body, no clock read (a
+            // resync calls this twice per applied timer, mostly for no one).
+            return;
+        }
         let sites = self.resolved.sites.names(head.sites);
         let body = body_of(head, callback, tags, replicas, &sites, cluster.view_id);
         self.send_body(head.id, &body, targets);
