@@ -52,6 +52,9 @@ impl Shard {
         factor.min(crate::timer::NODES_MAX as u8)
     }
 
+    /// Inlined with [`Placement::of`], so the 512-byte placement is built
+    /// where the caller keeps it (a copy on every create otherwise).
+    #[inline(always)]
     pub(super) fn placement(&self, unique: u64, factor: usize) -> Placement {
         Placement::of(&self.cluster(), unique, factor)
     }

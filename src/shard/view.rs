@@ -87,21 +87,27 @@ pub struct Placement {
 }
 
 impl Placement {
+    #[inline(always)]
     pub fn of(cluster: &Cluster, unique: u64, factor: usize) -> Placement {
-        let mut replicas = [0usize; NODES_MAX];
-        let count = cluster.replicas_into(unique, factor, &mut replicas);
-        assert!(count >= 1 && count <= factor.max(1), "1..=factor replicas");
-        let bloom = cluster.bloom_of(&replicas[..count]);
-        let my_index = cluster
+        // Filled in place, not built from a local array: the 512-byte
+        // array was copied into the returned value on every create.
+        let mut pl = Placement {
+            replicas: [0; NODES_MAX],
+            count: 0,
+            bloom: 0,
+            my_index: None,
+        };
+        pl.count = cluster.replicas_into(unique, factor, &mut pl.replicas);
+        assert!(
+            pl.count >= 1 && pl.count <= factor.max(1),
+            "1..=factor replicas"
+        );
+        pl.bloom = cluster.bloom_of(pl.members());
+        pl.my_index = cluster
             .local
-            .and_then(|me| replicas[..count].iter().position(|r| *r == me))
+            .and_then(|me| pl.members().iter().position(|r| *r == me))
             .map(|i| i as u8);
-        Placement {
-            replicas,
-            count,
-            bloom,
-            my_index,
-        }
+        pl
     }
 
     pub fn members(&self) -> &[usize] {
