@@ -18,9 +18,11 @@ pub struct Target<'a> {
 
 /// The scheme of `uri` (case-insensitive), whether it is TLS, and the rest.
 fn scheme(uri: &str) -> Option<(bool, &str)> {
+    // Bytes: a match ends on an ASCII byte, so the rest is still a `str`.
     let starts = |prefix: &str| {
-        uri.get(..prefix.len())
-            .is_some_and(|s| s.eq_ignore_ascii_case(prefix))
+        uri.as_bytes()
+            .get(..prefix.len())
+            .is_some_and(|s| super::name_is(s, prefix.as_bytes()))
     };
     if starts("http://") {
         Some((false, &uri[7..]))
