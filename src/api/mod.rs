@@ -232,12 +232,12 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
             // tombstone); a POST creates a timer, which needs one.
             Ok(s) if s.is_tombstone() => error(out, 400, POST_NEEDS_CALLBACK, close),
             Ok(s) => {
-                let started = Instant::now();
+                let started = shard.latency_start();
                 if let Err((status, reason)) = guard_admits(shard, &s).await {
                     return error(out, status, &reason, close);
                 }
                 let result = create_durable(shard, &s).await;
-                shard.record_latency(started.elapsed().as_micros() as u64);
+                shard.record_latency_since(started);
                 timer_result(out, result, close)
             }
             Err(reason) => error(out, 400, &reason, close),
@@ -336,21 +336,21 @@ async fn timer(
             }
             Ok(_) if !shard.admit_client() => overloaded(out, close),
             Ok(s) => {
-                let started = Instant::now();
+                let started = shard.latency_start();
                 if let Err((status, reason)) = guard_admits(shard, &s).await {
                     return error(out, status, &reason, close);
                 }
                 let result = shard.client_update(id, s).await;
-                shard.record_latency(started.elapsed().as_micros() as u64);
+                shard.record_latency_since(started);
                 timer_result(out, result, close)
             }
             Err(reason) => error(out, 400, &reason, close),
         },
         Method::Delete if !shard.admit_client() => overloaded(out, close),
         Method::Delete => {
-            let started = Instant::now();
+            let started = shard.latency_start();
             let result = shard.client_delete(id).await;
-            shard.record_latency(started.elapsed().as_micros() as u64);
+            shard.record_latency_since(started);
             match result {
                 Ok(()) => text(out, 200, "", close),
                 Err(e) => error(out, e.status, &e.reason, close),
