@@ -52,9 +52,6 @@ impl Shard {
         factor.min(crate::timer::NODES_MAX as u8)
     }
 
-    /// Inlined with [`Placement::of`], so the 512-byte placement is built
-    /// where the caller keeps it (a copy on every create otherwise).
-    #[inline(always)]
     pub(super) fn placement(&self, unique: u64, factor: usize) -> Placement {
         Placement::of(&self.cluster(), unique, factor)
     }
@@ -98,7 +95,12 @@ impl Shard {
         let now_us = clock::unix_us();
         let unique = self.store.borrow_mut().ids.next(now_us / 1000);
         assert_eq!(shard_of(unique, self.shards), self.id, "a POST never hops");
-        let pl = self.placement(unique, self.factor_requested(spec) as usize);
+        let mut pl = Placement::empty();
+        pl.fill(
+            &self.cluster(),
+            unique,
+            self.factor_requested(spec) as usize,
+        );
         let id = TimerId {
             unique,
             bloom: pl.bloom,

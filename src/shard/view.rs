@@ -87,27 +87,35 @@ pub struct Placement {
 }
 
 impl Placement {
-    #[inline(always)]
     pub fn of(cluster: &Cluster, unique: u64, factor: usize) -> Placement {
-        // Filled in place, not built from a local array: the 512-byte
-        // array was copied into the returned value on every create.
-        let mut pl = Placement {
+        let mut pl = Placement::empty();
+        pl.fill(cluster, unique, factor);
+        pl
+    }
+
+    /// No replica yet: what [`Placement::fill`] fills.
+    pub fn empty() -> Placement {
+        Placement {
             replicas: [0; NODES_MAX],
             count: 0,
             bloom: 0,
             my_index: None,
-        };
-        pl.count = cluster.replicas_into(unique, factor, &mut pl.replicas);
+        }
+    }
+
+    /// [`Placement::of`] into `self`, where the caller keeps it: the
+    /// 512-byte placement returned by value was copied on every create.
+    pub fn fill(&mut self, cluster: &Cluster, unique: u64, factor: usize) {
+        self.count = cluster.replicas_into(unique, factor, &mut self.replicas);
         assert!(
-            pl.count >= 1 && pl.count <= factor.max(1),
+            self.count >= 1 && self.count <= factor.max(1),
             "1..=factor replicas"
         );
-        pl.bloom = cluster.bloom_of(pl.members());
-        pl.my_index = cluster
+        self.bloom = cluster.bloom_of(self.members());
+        self.my_index = cluster
             .local
-            .and_then(|me| pl.members().iter().position(|r| *r == me))
+            .and_then(|me| self.members().iter().position(|r| *r == me))
             .map(|i| i as u8);
-        pl
     }
 
     pub fn members(&self) -> &[usize] {
