@@ -71,11 +71,19 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// The next byte after whitespace, not consumed.
+    /// The next byte after whitespace, not consumed. Bodies mostly have
+    /// no whitespace between tokens: a byte above space at the cursor is
+    /// that byte, one load and compare (the loop cost ~5 instructions
+    /// more per call, ~35 calls per body).
     #[inline]
     fn peek(&mut self) -> Option<u8> {
-        self.ws();
-        self.b.get(self.i).copied()
+        match self.b.get(self.i) {
+            Some(&c) if c > b' ' => Some(c),
+            _ => {
+                self.ws();
+                self.b.get(self.i).copied()
+            }
+        }
     }
 
     /// `byte` at the cursor, consumed. Values (objects, arrays, strings,
@@ -87,8 +95,13 @@ impl<'a> Cursor<'a> {
         (*self.b.get(self.i)? == byte).then(|| self.i += 1)
     }
 
+    /// `byte` (never whitespace) after whitespace, consumed.
     #[inline]
     fn eat(&mut self, byte: u8) -> Option<()> {
+        if self.b.get(self.i) == Some(&byte) {
+            self.i += 1;
+            return Some(());
+        }
         (self.peek()? == byte).then(|| self.i += 1)
     }
 
