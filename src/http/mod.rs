@@ -385,9 +385,9 @@ mod tests {
             b"\xff5",
         ];
         for v in values {
-            assert_eq!(super::content_length(v), general(v), "{v:?}");
+            assert_eq!(content_length(v), general(v), "{v:?}");
         }
-        assert_eq!(super::content_length(b"123"), Some(123));
+        assert_eq!(content_length(b"123"), Some(123));
     }
 
     #[test]
@@ -406,7 +406,7 @@ mod tests {
                         continue;
                     };
                     let want = n.as_bytes().eq_ignore_ascii_case(l);
-                    assert_eq!(super::name_is(n.as_bytes(), l), want, "{n:?} {l:?}");
+                    assert_eq!(name_is(n.as_bytes(), l), want, "{n:?} {l:?}");
                 }
             }
         }
