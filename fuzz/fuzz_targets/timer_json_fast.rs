@@ -10,7 +10,7 @@ use chronos::timer::spec::{fast_reader_agrees, parse, parse_serde_only};
 use libfuzzer_sys::fuzz_target;
 
 /// `(before, after)`: the input goes between them.
-const PLACES: [(&str, &str); 15] = [
+const PLACES: [(&str, &str); 18] = [
     (
         r#"{"timing":{"interval":"#,
         r#"},"callback":{"http":{"uri":"http://a/"}}}"#,
@@ -66,6 +66,21 @@ const PLACES: [(&str, &str); 15] = [
     (
         r#"{"timing":{"interval":1},"callback":{},"reliability":{"replicas":["#,
         "]}}",
+    ),
+    // A key's own bytes (known keys are compared in place: prefixes,
+    // near misses, escapes), what follows a known key (whitespace, the
+    // colon, the value), and what follows a value (whitespace, a comma).
+    (
+        r#"{"timing":{""#,
+        r#"":1},"callback":{"http":{"uri":"http://a/"}}}"#,
+    ),
+    (
+        r#"{"timing":{"interval""#,
+        r#"},"callback":{"http":{"uri":"http://a/"}}}"#,
+    ),
+    (
+        r#"{"timing":{"interval":1"#,
+        r#""callback":{"http":{"uri":"http://a/"}}}"#,
     ),
 ];
 

@@ -51,12 +51,20 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Wall-clock µs since the Unix epoch.
+/// Wall-clock µs since the Unix epoch (0 before it). `CLOCK_REALTIME`
+/// read directly, as `SystemTime::now` reads it: its `duration_since`
+/// and `as_micros` in `u128` cost a create ~120 instructions more.
 pub fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid `timespec` to write.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut t) };
+    if rc != 0 || t.tv_sec < 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000 + t.tv_nsec as u64 / 1000
 }
 
 static UNIX_OFFSET_US: OnceLock<i64> = OnceLock::new();

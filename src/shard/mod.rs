@@ -346,6 +346,23 @@ impl Shard {
             t.record(latency_us, Instant::now());
         }
     }
+
+    /// The start of a client operation whose latency the throttle takes;
+    /// `None` without a throttle (`[throttling]` off), so that no clock
+    /// is read for a latency nothing uses (two reads per `POST`).
+    pub fn latency_start(&self) -> Option<Instant> {
+        self.throttle.as_ref().map(|_| Instant::now())
+    }
+
+    /// The throttle takes the latency since `started` ([`Shard::latency_start`]),
+    /// with one clock read for both the latency and its time.
+    pub fn record_latency_since(&self, started: Option<Instant>) {
+        if let (Some(t), Some(started)) = (&self.throttle, started) {
+            let now = Instant::now();
+            let latency_us = now.saturating_duration_since(started).as_micros() as u64;
+            t.record(latency_us, now);
+        }
+    }
 }
 
 /// The `Authorization` value internal requests carry: made once per

@@ -95,7 +95,12 @@ impl Shard {
         let now_us = clock::unix_us();
         let unique = self.store.borrow_mut().ids.next(now_us / 1000);
         assert_eq!(shard_of(unique, self.shards), self.id, "a POST never hops");
-        let pl = self.placement(unique, self.factor_requested(spec) as usize);
+        let mut pl = Placement::empty();
+        pl.fill(
+            &self.cluster(),
+            unique,
+            self.factor_requested(spec) as usize,
+        );
         let id = TimerId {
             unique,
             bloom: pl.bloom,

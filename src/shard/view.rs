@@ -88,20 +88,34 @@ pub struct Placement {
 
 impl Placement {
     pub fn of(cluster: &Cluster, unique: u64, factor: usize) -> Placement {
-        let mut replicas = [0usize; NODES_MAX];
-        let count = cluster.replicas_into(unique, factor, &mut replicas);
-        assert!(count >= 1 && count <= factor.max(1), "1..=factor replicas");
-        let bloom = cluster.bloom_of(&replicas[..count]);
-        let my_index = cluster
-            .local
-            .and_then(|me| replicas[..count].iter().position(|r| *r == me))
-            .map(|i| i as u8);
+        let mut pl = Placement::empty();
+        pl.fill(cluster, unique, factor);
+        pl
+    }
+
+    /// No replica yet: what [`Placement::fill`] fills.
+    pub fn empty() -> Placement {
         Placement {
-            replicas,
-            count,
-            bloom,
-            my_index,
+            replicas: [0; NODES_MAX],
+            count: 0,
+            bloom: 0,
+            my_index: None,
         }
+    }
+
+    /// [`Placement::of`] into `self`, where the caller keeps it: the
+    /// 512-byte placement returned by value was copied on every create.
+    pub fn fill(&mut self, cluster: &Cluster, unique: u64, factor: usize) {
+        self.count = cluster.replicas_into(unique, factor, &mut self.replicas);
+        assert!(
+            self.count >= 1 && self.count <= factor.max(1),
+            "1..=factor replicas"
+        );
+        self.bloom = cluster.bloom_of(self.members());
+        self.my_index = cluster
+            .local
+            .and_then(|me| self.members().iter().position(|r| *r == me))
+            .map(|i| i as u8);
     }
 
     pub fn members(&self) -> &[usize] {

@@ -92,6 +92,17 @@ struct RawTimer<'a> {
     statistics: Option<RawStatistics<'a>>,
 }
 
+impl RawTimer<'_> {
+    fn empty() -> Self {
+        RawTimer {
+            timing: None,
+            callback: None,
+            reliability: None,
+            statistics: None,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize, PartialEq)]
 #[serde(expecting = "timing to be an object")]
 struct RawTiming {
@@ -299,14 +310,18 @@ pub type CheckUri = fn(&str) -> Result<(), String>;
 
 /// Parse and validate a timer body; `check_uri` validates the callback URI.
 pub fn parse(body: &[u8], check_uri: CheckUri) -> Result<TimerSpec<'_>, String> {
-    validate(read(body, true)?, check_uri)
+    // Read into one place and validated from there: the raw structs
+    // (~350 bytes) returned by value were copied twice on the way.
+    let mut raw = RawTimer::empty();
+    read_into(body, true, &mut raw)?;
+    validate(&mut raw, check_uri)
 }
 
 /// [`parse`] with serde alone (no fast reader), for the differential
 /// fuzz target and tests.
 #[doc(hidden)]
 pub fn parse_serde_only(body: &[u8], check_uri: CheckUri) -> Result<TimerSpec<'_>, String> {
-    validate(read(body, false)?, check_uri)
+    validate(&mut read(body, false)?, check_uri)
 }
 
 /// `None` when the fast reader declines `body`; else whether what it read
@@ -321,28 +336,37 @@ pub fn fast_reader_agrees(body: &[u8]) -> Option<bool> {
 /// The body's JSON, as the raw structs; `fast`: try the single-pass
 /// reader first (`fast.rs`), serde when it declines.
 fn read(body: &[u8], fast: bool) -> Result<RawTimer<'_>, String> {
+    let mut raw = RawTimer::empty();
+    read_into(body, fast, &mut raw)?;
+    Ok(raw)
+}
+
+/// [`read`] into `raw` (empty), where it stays.
+fn read_into<'a>(body: &'a [u8], fast: bool, raw: &mut RawTimer<'a>) -> Result<(), String> {
     // serde would also accept a struct written as an array; the API wants an object.
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {}
         None => return Err("invalid JSON body: the body is empty; expected a JSON object".into()),
         Some(_) => return Err("invalid JSON body: expected a JSON object".into()),
     }
-    if fast {
-        if let Some(raw) = fast::raw_timer(body) {
-            return Ok(raw);
-        }
+    // The fast reader may leave `raw` half filled when it declines:
+    // serde's reading replaces all of it.
+    if fast && fast::read_into(body, raw).is_some() {
+        return Ok(());
     }
-    serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))
+    *raw = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    Ok(())
 }
 
 /// The raw body's fields checked and converted.
-fn validate(raw: RawTimer<'_>, check_uri: CheckUri) -> Result<TimerSpec<'_>, String> {
-    let timing = raw.timing.ok_or("missing timing object")?;
-    let (interval_ms, repeat_for_ms) = parse_timing(&timing)?;
-    let replication = parse_replication(&timing, raw.reliability.as_ref())?;
-    let (uri, opaque) = parse_callback(raw.callback, replication.is_some(), check_uri)?;
+/// Takes the strings it keeps out of `raw`.
+fn validate<'a>(raw: &mut RawTimer<'a>, check_uri: CheckUri) -> Result<TimerSpec<'a>, String> {
+    let timing = raw.timing.as_ref().ok_or("missing timing object")?;
+    let (interval_ms, repeat_for_ms) = parse_timing(timing)?;
+    let replication = parse_replication(timing, raw.reliability.as_ref())?;
+    let (uri, opaque) = parse_callback(raw.callback.take(), replication.is_some(), check_uri)?;
     let replication_factor = parse_factor(raw.reliability.as_ref())?;
-    let tags = match raw.statistics {
+    let tags = match raw.statistics.take() {
         Some(stats) => parse_tags(stats)?,
         None => Vec::new(),
     };
