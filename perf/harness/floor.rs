@@ -112,6 +112,25 @@ impl Heads {
     }
 }
 
+/// A ring connection: its request count state, its `SEND`s in flight and
+/// whether its `RECV` ended. The fd is closed only once both are done, so
+/// its number cannot be reused by a new connection while an answer meant
+/// for the old one is still in the kernel's hands.
+#[derive(Clone, Copy, Default)]
+struct Conn {
+    heads: Heads,
+    sends: u32,
+    recv_done: bool,
+}
+
+impl Conn {
+    fn close_if_done(&self, fd: RawFd) {
+        if self.recv_done && self.sends == 0 {
+            close(fd);
+        }
+    }
+}
+
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
         Err(io::Error::last_os_error())
@@ -240,7 +259,7 @@ fn uring_serve(listener: &TcpListener, deadline: Instant) -> io::Result<()> {
         .user_data(UD_ACCEPT);
     // SAFETY: no buffer is involved.
     unsafe { ring.submission().push(&accept) }.map_err(|_| io::Error::other("sq full"))?;
-    let mut heads = vec![Heads::default(); CONNECTIONS_MAX];
+    let mut conns = vec![Conn::default(); CONNECTIONS_MAX];
     let timeout = types::Timespec::new().nsec(100_000_000);
     let args = types::SubmitArgs::new().timespec(&timeout);
     let mut done: Vec<(u64, i32, u32)> = Vec::with_capacity(8192);
@@ -257,7 +276,7 @@ fn uring_serve(listener: &TcpListener, deadline: Instant) -> io::Result<()> {
                 .map(|c| (c.user_data(), c.result(), c.flags())),
         );
         for &(ud, res, flags) in &done {
-            uring_complete(&mut ring, &bufs, &mut heads, lfd, ud, res, flags)?;
+            uring_complete(&mut ring, &bufs, &mut conns, lfd, ud, res, flags)?;
         }
         bufs.publish();
     }
@@ -267,7 +286,7 @@ fn uring_serve(listener: &TcpListener, deadline: Instant) -> io::Result<()> {
 fn uring_complete(
     ring: &mut io_uring::IoUring,
     bufs: &ProvidedBufs,
-    heads: &mut [Heads],
+    conns: &mut [Conn],
     lfd: RawFd,
     ud: u64,
     res: i32,
@@ -285,11 +304,11 @@ fn uring_complete(
     match ud & (0xff << 56) {
         UD_ACCEPT => {
             if res >= 0 {
-                if res as usize >= heads.len() {
+                if res as usize >= conns.len() {
                     close(res);
                 } else {
                     set_nodelay(res);
-                    heads[res as usize] = Heads::default();
+                    conns[res as usize] = Conn::default();
                     push(recv_multi(res))?;
                 }
             }
@@ -302,22 +321,31 @@ fn uring_complete(
             }
         }
         UD_RECV => {
+            let conn = &mut conns[fd as usize];
             if let Some(bid) = cqueue::buffer_select(flags) {
-                let answers = heads[fd as usize].count(bufs.buffer(bid, res.max(0) as usize));
+                let answers = conn.heads.count(bufs.buffer(bid, res.max(0) as usize));
                 bufs.give_back(bid);
                 for _ in 0..answers.min(ANSWERS_PER_READ_MAX) {
                     let send =
                         opcode::Send::new(types::Fd(fd), ANSWER.as_ptr(), ANSWER.len() as u32);
                     push(send.build().user_data(UD_SEND | fd as u64))?;
+                    conn.sends += 1;
                 }
             }
             if res == 0 || (res < 0 && res != -libc::ENOBUFS) {
                 if !cqueue::more(flags) {
-                    close(fd);
+                    conn.recv_done = true;
+                    conn.close_if_done(fd);
                 }
             } else if !cqueue::more(flags) {
                 push(recv_multi(fd))?;
             }
+        }
+        UD_SEND => {
+            let conn = &mut conns[fd as usize];
+            assert!(conn.sends > 0, "a SEND completes once");
+            conn.sends -= 1;
+            conn.close_if_done(fd);
         }
         _ => {}
     }

@@ -170,8 +170,11 @@ pub fn percent_decode(s: &str) -> Option<String> {
     while i < b.len() {
         match b[i] {
             b'%' => {
-                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
+                // Two hex digits, nothing else (`from_str_radix` alone
+                // would take `%+f` as 0x0f).
+                let hex = b.get(i + 1..i + 3)?;
+                let digit = |c: u8| (c as char).to_digit(16);
+                out.push((digit(hex[0])? * 16 + digit(hex[1])?) as u8);
                 i += 3;
             }
             b'+' => {
@@ -250,9 +253,25 @@ mod tests {
 
     /// The parser before its one-pass split (four byte searches), kept
     /// as the reference the one-pass version must agree with.
+    /// The scheme match as it was (a `str` compare), so the byte compare
+    /// in `scheme` is checked against it, not against itself.
+    fn reference_scheme(uri: &str) -> Option<(bool, &str)> {
+        let starts = |prefix: &str| {
+            uri.get(..prefix.len())
+                .is_some_and(|s| s.eq_ignore_ascii_case(prefix))
+        };
+        if starts("http://") {
+            Some((false, &uri[7..]))
+        } else if starts("https://") {
+            Some((true, &uri[8..]))
+        } else {
+            None
+        }
+    }
+
     fn reference(uri: &str) -> Result<(&str, u16, &str, &str, bool), String> {
-        let (tls, rest) =
-            scheme(uri).ok_or_else(|| format!("{uri:?} must be an http:// or https:// URI"))?;
+        let (tls, rest) = reference_scheme(uri)
+            .ok_or_else(|| format!("{uri:?} must be an http:// or https:// URI"))?;
         if rest.bytes().any(|b| b <= b' ' || b >= 0x7f) {
             return Err(format!(
                 "{uri:?} contains spaces, control characters or non-ASCII (percent-encode them)"
@@ -317,7 +336,19 @@ mod tests {
         ];
         let paths = ["", "/", "/cb", "?q=1", "/a?b=@:#", "/a b", "/\x7f", "/?#"];
         let frags = ["", "#", "#f", "#a b", "#\r\n", "#x#y"];
-        for scheme in ["http://", "HTTPS://", "ftp://"] {
+        let schemes = [
+            "http://",
+            "HTTPS://",
+            "hTtP://",
+            "ftp://",
+            "http:/",
+            "https:",
+            "htt\u{212a}://",
+            "\u{e9}http://",
+            "http\u{a0}//",
+            "",
+        ];
+        for scheme in schemes {
             for host in hosts {
                 for port in ports {
                     for path in paths {
@@ -340,5 +371,10 @@ mod tests {
         assert_eq!(percent_decode("a+b").unwrap(), "a b");
         assert!(percent_decode("%zz").is_none());
         assert!(percent_decode("%4").is_none());
+        // A sign is not a hex digit.
+        assert!(percent_decode("%+f").is_none());
+        assert!(percent_decode("%-1").is_none());
+        assert_eq!(percent_decode("%4a%4A%ff").map(|s| s.len()), None);
+        assert_eq!(percent_decode("%4a%4A").unwrap(), "JJ");
     }
 }
