@@ -101,8 +101,7 @@ pub async fn resync_loop(shard: Rc<Shard>) {
 /// One run, with its state and outcome in the stats and the log.
 async fn run_recorded(shard: &Rc<Shard>, all_views: bool) {
     let s = shard.my_stats();
-    ShardStats::add(&s.resync_runs, 1);
-    s.resync_state.store(stats::RESYNC_RUNNING, Relaxed);
+    s.resync_begin();
     let kind = if all_views { "restore" } else { "resync" };
     tracing::info!(target: "chronos::resync", "{kind} started");
     let started = Instant::now();
@@ -119,17 +118,16 @@ async fn run_recorded(shard: &Rc<Shard>, all_views: bool) {
     match result {
         Ok(()) => {
             tracing::info!(target: "chronos::resync", "{kind} complete in {ms} ms");
-            s.resync_state.store(stats::RESYNC_COMPLETE, Relaxed);
             *s.resync_error.lock().expect("not poisoned") = String::new();
+            s.resync_end(stats::RESYNC_COMPLETE);
         }
         Err(e) => {
             tracing::error!(target: "chronos::resync", "{kind} failed after {ms} ms: {e}");
-            s.resync_state.store(stats::RESYNC_FAILED, Relaxed);
             s.resync_failed.fetch_add(1, Relaxed);
             *s.resync_error.lock().expect("not poisoned") = e;
+            s.resync_end(stats::RESYNC_FAILED);
         }
     }
-    s.resync_finished.fetch_add(1, Relaxed);
 }
 
 /// How often a resync waiting for the node's recovery looks again.
@@ -543,7 +541,7 @@ impl Shard {
         let names = |l: &[Node]| l.iter().map(|n| n.address.clone()).collect::<Vec<_>>();
         let members = c.nodes.len() - c.joining;
         let s = &self.stats[0];
-        let state = s.resync_state.load(Relaxed).clamp(0, 3) as usize;
+        let (state, started_runs, finished_runs) = s.resync_progress();
         let count = |f: &std::sync::atomic::AtomicU64| f.load(Relaxed);
         let (stretch_us_max, stretch_wall_us_max, stretch_counts) = bulk::stretches();
         serde_json::json!({
@@ -560,8 +558,8 @@ impl Shard {
             },
             "resync": {
                 "state": stats::RESYNC_STATES[state],
-                "started-runs": count(&s.resync_runs),
-                "finished-runs": s.resync_finished.load(Relaxed),
+                "started-runs": started_runs,
+                "finished-runs": finished_runs,
                 "failed-runs": s.resync_failed.load(Relaxed),
                 "peers-left": s.resync_peers_left.load(Relaxed),
                 "received": count(&s.resync_received),

@@ -3,7 +3,9 @@
 //! taken on the hot path.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicI64, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 
 /// Bounds (µs) of the latency histograms that are not an operator's
 /// first look (callback latency, the delay queue, storage): 1 ms to 5 s,
@@ -294,6 +296,31 @@ counters! {
 impl ShardStats {
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
+    }
+
+    /// A resync run starts (shard 0): counted, then marked running.
+    pub fn resync_begin(&self) {
+        self.resync_runs.fetch_add(1, Relaxed);
+        self.resync_state.store(RESYNC_RUNNING, Release);
+    }
+
+    /// A resync run ends in `state`: marked, then counted as finished.
+    pub fn resync_end(&self, state: i64) {
+        assert!(state == RESYNC_COMPLETE || state == RESYNC_FAILED);
+        self.resync_state.store(state, Release);
+        self.resync_finished.fetch_add(1, Release);
+    }
+
+    /// `(state, started, finished)` of the resync runs, read from another
+    /// thread (`GET /cluster` is answered on any shard) so that they agree:
+    /// finished first, then the state, then started. Once `finished`
+    /// reaches `started`, `state` is the last run's outcome, never a stale
+    /// "running" (the runs' `resync_end` stores the state before counting).
+    pub fn resync_progress(&self) -> (usize, u64, u64) {
+        let finished = self.resync_finished.load(Acquire).max(0) as u64;
+        let state = self.resync_state.load(Acquire).clamp(0, 3) as usize;
+        let started = self.resync_runs.load(Relaxed);
+        (state, started, finished)
     }
 
     pub fn record_callback_latency(&self, us: u64) {
@@ -611,6 +638,36 @@ fn histogram(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader on another thread never sees every run finished with the
+    /// state still "running" (it did when the state was read first).
+    #[test]
+    fn resync_progress_never_reports_running_once_every_run_finished() {
+        let stats = std::sync::Arc::new(ShardStats::default());
+        let writer = stats.clone();
+        let runs = 200_000;
+        let t = std::thread::spawn(move || {
+            for _ in 0..runs {
+                writer.resync_begin();
+                writer.resync_end(RESYNC_COMPLETE);
+            }
+        });
+        let mut torn = 0;
+        while !t.is_finished() {
+            let (state, started, finished) = stats.resync_progress();
+            assert!(finished <= started, "{finished} finished of {started}");
+            torn += usize::from(finished == started && state == RESYNC_RUNNING as usize);
+        }
+        t.join().unwrap();
+        assert_eq!(
+            torn, 0,
+            "reads with every run finished and the state running"
+        );
+        assert_eq!(
+            stats.resync_progress(),
+            (RESYNC_COMPLETE as usize, runs, runs)
+        );
+    }
 
     #[test]
     fn a_histogram_counts_by_le_and_renders_cumulative_buckets() {
