@@ -280,7 +280,7 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
                 if status == 206 {
                     headers.push(("Content-Range", range));
                 }
-                write_response(out, status, &headers, body.as_bytes(), close);
+                write_response(out, status, &headers, &body, close);
                 status
             }
             Err((status, reason)) => error(out, status, &reason, close),

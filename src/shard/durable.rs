@@ -204,7 +204,7 @@ async fn snapshot(shard: &Shard, log: &Log, dir: &std::path::Path) -> Result<(),
     while let Some(at) = from {
         {
             let store = shard.store.borrow();
-            from = store.scan_slice(at, SNAPSHOT_SLICE, |due, t| {
+            from = store.scan_slice(at, SNAPSHOT_SLICE, |_, due, t| {
                 store.snapshot_put(&mut w.enc, due, t);
             });
         }
