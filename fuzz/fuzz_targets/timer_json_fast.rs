@@ -10,7 +10,7 @@ use chronos::timer::spec::{fast_reader_agrees, parse, parse_serde_only};
 use libfuzzer_sys::fuzz_target;
 
 /// `(before, after)`: the input goes between them.
-const PLACES: [(&str, &str); 18] = [
+const PLACES: [(&str, &str); 21] = [
     (
         r#"{"timing":{"interval":"#,
         r#"},"callback":{"http":{"uri":"http://a/"}}}"#,
@@ -46,6 +46,20 @@ const PLACES: [(&str, &str); 18] = [
     (
         r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":{"#,
         "}}",
+    ),
+    // The integer fields, negative ones read too (a resync entry's or a
+    // late replication body's `start-time-delta`).
+    (
+        r#"{"timing":{"interval":1,"start-time-delta":"#,
+        r#"},"callback":{},"reliability":{"replicas":["a:1"]}}"#,
+    ),
+    (
+        r#"{"timing":{"interval":1,"sequence-number":"#,
+        r#"},"callback":{},"reliability":{"replicas":["a:1"]}}"#,
+    ),
+    (
+        r#"{"timing":{"interval":1,"version":"#,
+        r#"},"callback":{},"reliability":{"replicas":["a:1"]}}"#,
     ),
     // The members of the top-level object, of `callback`, of `http`, of
     // a tag and of `statistics`, and the items of `replicas` (review).

@@ -4,7 +4,8 @@
 //! it understands, and validation then runs on them unchanged: so every
 //! reason, and every edge case of the numbers, stays serde's. It declines
 //! (`None`, and the caller runs serde) on anything else: escapes, control
-//! or non-ASCII bytes where it does not need them, negative numbers,
+//! or non-ASCII bytes where it does not need them, negative numbers
+//! (but a negative integer in an integer field, as serde reads it),
 //! exponents, more than 15 significant digits with a fraction, integers
 //! beyond `u64`, duplicate keys, a non-object where an object is expected,
 //! a type serde would refuse or carry as another `Value`, an integer out
@@ -46,6 +47,15 @@ pub(super) fn read_into<'a>(body: &'a [u8], raw: &mut RawTimer<'a>) -> Option<()
     c.timer(raw)?;
     c.ws();
     (c.i == body.len()).then_some(())
+}
+
+/// [`read_into`] of the timer object at the start of `text` (after
+/// whitespace) that more text may follow: the bytes it took.
+pub(super) fn read_prefix<'a>(text: &'a [u8], raw: &mut RawTimer<'a>) -> Option<usize> {
+    let mut c = Cursor { b: text, i: 0 };
+    c.ws();
+    c.timer(raw)?;
+    Some(c.i)
 }
 
 struct Cursor<'a> {
@@ -354,7 +364,31 @@ impl<'a> Cursor<'a> {
 
     /// An integer field (`opt_integer`), when it is in `T`'s range.
     fn opt_integer<T: TryFrom<i128>>(&mut self) -> Option<Option<T>> {
-        self.opt(|c| T::try_from(integral(&c.number()?)?).ok())
+        self.opt(|c| T::try_from(c.integer()?).ok())
+    }
+
+    /// An integer field's value, as `integral` makes it of serde's number.
+    /// A negative one (`start-time-delta` in every resync entry and in a
+    /// replication body sent late) is read when serde reads it as an
+    /// `i64`, exactly: `-1` to `-2^63`; `-0` (serde's float) and anything
+    /// else negative are declined.
+    #[inline]
+    fn integer(&mut self) -> Option<i128> {
+        if self.b.get(self.i) != Some(&b'-') {
+            return integral(&self.number()?);
+        }
+        self.i += 1;
+        let first = *self.b.get(self.i)?;
+        let mut magnitude = 0;
+        let digits = self.digits(&mut magnitude)?;
+        // No digit, `-0`, or a leading zero (`-01`: serde's error).
+        if digits == 0 || first == b'0' {
+            return None;
+        }
+        if let Some(b'e' | b'E' | b'.') = self.b.get(self.i) {
+            return None;
+        }
+        (magnitude <= 1 << 63).then(|| -i128::from(magnitude))
     }
 
     /// The value of an unknown key, skipped (strings ASCII only).
@@ -630,6 +664,12 @@ mod tests {
     fn replication_integers_in_range_are_read() {
         for (field, ok, bad) in [
             ("start-time-delta", "250.0", "9223372036854775808"),
+            ("start-time-delta", "-1234", "-9223372036854775809"),
+            ("start-time-delta", "-9223372036854775808", "-0"),
+            ("start-time-delta", "-1", "-1.0"),
+            ("start-time-delta", "-7", "-07"),
+            ("sequence-number", "2", "-1"),
+            ("version", "7", "-5"),
             ("sequence-number", "2", "4294967296"),
             ("version", "7.0", "0.5"),
         ] {
