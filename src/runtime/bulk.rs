@@ -278,6 +278,20 @@ pub async fn parse_array<'a, T: serde::Deserialize<'a>>(
     key: &str,
     pacer: &mut Pacer,
 ) -> Result<(Vec<T>, Vec<u8>), String> {
+    parse_array_fast(text, key, pacer, |_| None).await
+}
+
+/// [`parse_array`] with a reader of its own for the elements, tried first
+/// on each element parsed in place: `fast(rest)` reads the element at the
+/// start of `rest` and returns it and the bytes it took, or `None`, and
+/// serde then reads it. It must accept only what serde accepts, as serde
+/// would read it, and take exactly the element's bytes.
+pub async fn parse_array_fast<'a, T: serde::Deserialize<'a>>(
+    text: &'a [u8],
+    key: &str,
+    pacer: &mut Pacer,
+    mut fast: impl FnMut(&'a [u8]) -> Option<(T, usize)>,
+) -> Result<(Vec<T>, Vec<u8>), String> {
     let head = format!("{{\"{key}\":[");
     if !text.starts_with(head.as_bytes()) {
         let (elements, rest) = split_array(text, key.as_bytes(), pacer).await?;
@@ -298,10 +312,19 @@ pub async fn parse_array<'a, T: serde::Deserialize<'a>>(
     let mut out = Vec::new();
     while text.get(at) != Some(&b']') || !out.is_empty() {
         pacer.tick().await;
-        let mut values = serde_json::Deserializer::from_slice(&text[at..]).into_iter::<T>();
-        let value = values.next().ok_or("truncated JSON")?;
-        out.push(value.map_err(|e| e.to_string())?);
-        at = skip(at + values.byte_offset());
+        if let Some((value, used)) = fast(&text[at..]) {
+            assert!(
+                used > 0 && at + used <= text.len(),
+                "an element in the text"
+            );
+            out.push(value);
+            at = skip(at + used);
+        } else {
+            let mut values = serde_json::Deserializer::from_slice(&text[at..]).into_iter::<T>();
+            let value = values.next().ok_or("truncated JSON")?;
+            out.push(value.map_err(|e| e.to_string())?);
+            at = skip(at + values.byte_offset());
+        }
         match text.get(at) {
             Some(b',') => at += 1,
             Some(b']') => break,

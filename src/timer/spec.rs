@@ -317,6 +317,21 @@ pub fn parse(body: &[u8], check_uri: CheckUri) -> Result<TimerSpec<'_>, String> 
     validate(&mut raw, check_uri)
 }
 
+/// [`parse`] of the timer object at the start of `text` (after
+/// whitespace), which more text may follow (a timer inside a larger
+/// document, such as a resync page's entry): `None` when the single-pass
+/// reader declines it (the caller then reads the document as before);
+/// else the verdict [`parse`] gives the object's bytes, and how many
+/// bytes it took (the reader never looks past the object's last byte).
+pub fn parse_prefix(
+    text: &[u8],
+    check_uri: CheckUri,
+) -> Option<(Result<TimerSpec<'_>, String>, usize)> {
+    let mut raw = RawTimer::empty();
+    let used = fast::read_prefix(text, &mut raw)?;
+    Some((validate(&mut raw, check_uri), used))
+}
+
 /// [`parse`] with serde alone (no fast reader), for the differential
 /// fuzz target and tests.
 #[doc(hidden)]
