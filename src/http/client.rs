@@ -1544,7 +1544,10 @@ mod tests {
         assert_eq!(decode_chunk(b"2\r\nabXX"), ChunkStep::Bad);
         // A chunk size is 1*HEXDIG: no sign, no Unicode space around it.
         assert_eq!(decode_chunk(b"+5\r\nhello\r\n"), ChunkStep::Bad);
-        assert_eq!(decode_chunk("\u{a0}5\r\nhello\r\n".as_bytes()), ChunkStep::Bad);
+        assert_eq!(
+            decode_chunk("\u{a0}5\r\nhello\r\n".as_bytes()),
+            ChunkStep::Bad
+        );
         assert_eq!(decode_chunk(b"\r\n\r\n"), ChunkStep::Bad);
         assert_eq!(
             decode_chunk(b"5 ;x=1\r\nhello\r\n"),
@@ -1567,18 +1570,33 @@ mod tests {
             ("Content-Length: \u{a0}5", None),
             ("Content-Length: 5, 5", None),
             ("Content-Length: -1", None),
-            ("Content-Length: 5\r\nContent-Length: 5", Some((Length(5), true))),
+            (
+                "Content-Length: 5\r\nContent-Length: 5",
+                Some((Length(5), true)),
+            ),
             ("Content-Length: 5\r\nContent-Length: 6", None),
             ("Transfer-Encoding: chunked", Some((Chunked, true))),
             ("Transfer-Encoding: gzip, chunked", Some((Chunked, true))),
             // Transfer-Encoding overrides Content-Length (RFC 9112 6.3),
             // and such a response ends its connection.
-            ("Content-Length: 5\r\nTransfer-Encoding: chunked", Some((Chunked, false))),
-            ("Transfer-Encoding: chunked\r\nContent-Length: 5", Some((Chunked, false))),
+            (
+                "Content-Length: 5\r\nTransfer-Encoding: chunked",
+                Some((Chunked, false)),
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nContent-Length: 5",
+                Some((Chunked, false)),
+            ),
             // Not chunked last: the body runs until the connection closes.
             ("Transfer-Encoding: notchunked", Some((UntilClose, false))),
-            ("Transfer-Encoding: chunked, gzip", Some((UntilClose, false))),
-            ("Connection: close\r\nContent-Length: 0", Some((Length(0), false))),
+            (
+                "Transfer-Encoding: chunked, gzip",
+                Some((UntilClose, false)),
+            ),
+            (
+                "Connection: close\r\nContent-Length: 0",
+                Some((Length(0), false)),
+            ),
             ("", Some((UntilClose, false))),
         ];
         for (fields, want) in cases {

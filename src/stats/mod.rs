@@ -388,10 +388,12 @@ fn rejected(out: &mut String, shards: &[ShardStats]) {
 /// `resync_runs` counter, the state and the finished runs then agree (once
 /// finished reaches started, the state is the last run's outcome).
 fn resync_progress(shards: &[ShardStats]) -> (usize, u64, u64) {
-    shards.iter().fold((0, 0, 0), |(state, started, finished), s| {
-        let (s_state, s_started, s_finished) = s.resync_progress();
-        (state + s_state, started + s_started, finished + s_finished)
-    })
+    shards
+        .iter()
+        .fold((0, 0, 0), |(state, started, finished), s| {
+            let (s_state, s_started, s_finished) = s.resync_progress();
+            (state + s_state, started + s_started, finished + s_finished)
+        })
 }
 
 fn resync_gauges(out: &mut String, shards: &[ShardStats], progress: (usize, u64, u64)) {
