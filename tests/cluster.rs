@@ -638,9 +638,16 @@ fn a_delete_refused_for_a_while_is_retried_and_the_timer_never_pops() {
         }
         assert!(Instant::now() < deadline, "B kept A's idle connection");
     };
+    // Hold the slot until B has refused the delete at least once. B's idle
+    // sweep would close a silent hold within 0.5-1 s (and let the delete
+    // through unrefused on a slow machine): it asks for a ping every 100 ms.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let keeper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || keep_busy(hold, &stop))
+    };
     let r = nodes[0].request("DELETE", &format!("/timers/{id}"), "");
     assert_eq!(r.status, 200);
-    // Hold the slot until B has refused the delete at least once.
     wait_until(
         "B to refuse the delete",
         Duration::from_secs(10),
@@ -649,7 +656,8 @@ fn a_delete_refused_for_a_while_is_retried_and_the_timer_never_pops() {
             n => Err(format!("{n} retried")),
         },
     );
-    drop(hold);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    keeper.join().unwrap();
     // The retried delete lands, the control pops, and then neither node
     // holds a live copy: the deleted timer can no longer pop anywhere.
     nodes[0].wait_replication_settled(Duration::from_secs(10));
@@ -665,6 +673,27 @@ fn a_delete_refused_for_a_while_is_retried_and_the_timer_never_pops() {
         "the deleted timer popped: {pops:?}"
     );
     assert_eq!(nodes[0].metric("chronos_replication_failed_total"), 0.0);
+}
+
+/// Ask for a ping on `conn` every 100 ms until `stop`, reading each
+/// answer (the connection is never idle). Panics if the node closes the
+/// connection meanwhile.
+fn keep_busy(conn: std::net::TcpStream, stop: &std::sync::atomic::AtomicBool) {
+    use std::io::{Read, Write};
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        (&conn)
+            .write_all(b"GET /ping HTTP/1.1\r\nHost: b\r\n\r\n")
+            .expect("the held connection is open");
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 256];
+        while !answer.ends_with(b"\r\n\r\nOK") {
+            let n = (&conn).read(&mut buf).expect("an answer to the ping");
+            assert!(n > 0, "B closed the held connection");
+            answer.extend_from_slice(&buf[..n]);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Issue 13: a pop that has a later replica waits at most

@@ -1300,20 +1300,17 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
     };
     let status = resp.code.unwrap_or(0);
     let mut keep = resp.version == Some(1);
-    let mut framing = Framing::UntilClose;
+    let (mut length, mut coding): (Option<usize>, Option<&[u8]>) = (None, None);
     for h in resp.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|s| s.trim().parse::<usize>().ok());
-            let n = n.ok_or_else(|| Exchange::Failed("bad Content-Length in response".into()))?;
-            framing = Framing::Length(n);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding")
-            && h.value
-                .windows(7)
-                .any(|w| w.eq_ignore_ascii_case(b"chunked"))
-        {
-            framing = Framing::Chunked;
+            // As strict as the server's reading of a request's: one length,
+            // `1*DIGIT`; two that differ are an error (RFC 9112 6.3).
+            let n = super::content_length(h.value)
+                .filter(|n| length.is_none_or(|l| l == *n))
+                .ok_or_else(|| Exchange::Failed("bad Content-Length in response".into()))?;
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            coding = Some(h.value);
         } else if h.name.eq_ignore_ascii_case("connection") {
             if h.value.eq_ignore_ascii_case(b"close") {
                 keep = false;
@@ -1322,8 +1319,27 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
             }
         }
     }
+    let mut framing = match (coding, length) {
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::UntilClose,
+        // Transfer-Encoding overrides Content-Length; chunked only when it
+        // is the last coding, else the body runs until the close.
+        (Some(codings), _) => {
+            let last = codings.rsplit(|&b| b == b',').next().unwrap_or_default();
+            if super::trim_ows(last).eq_ignore_ascii_case(b"chunked") {
+                Framing::Chunked
+            } else {
+                Framing::UntilClose
+            }
+        }
+    };
     if head_only || status == 204 || status == 304 || (100..200).contains(&status) {
         framing = Framing::Length(0);
+    }
+    if matches!(framing, Framing::UntilClose) || (coding.is_some() && length.is_some()) {
+        // Either the close ends the body, or the framing was ambiguous
+        // (a smuggling pattern): no second exchange on this connection.
+        keep = false;
     }
     Ok(Some(Head {
         status,
@@ -1426,6 +1442,7 @@ fn mid_body(e: Exchange) -> Exchange {
     }
 }
 
+#[derive(Debug, PartialEq)]
 enum Framing {
     Length(usize),
     Chunked,
@@ -1451,6 +1468,19 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
     buf.windows(2).position(|w| w == b"\r\n")
 }
 
+/// A chunk's size: `1*HEXDIG` (RFC 9112 7.1), SP and HTAB around it
+/// ignored; no sign, no other space, nothing past `usize`.
+fn chunk_size(text: &[u8]) -> Option<usize> {
+    let digits = super::trim_ows(text);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0usize, |n, &d| {
+        let v = char::from(d).to_digit(16)?;
+        n.checked_mul(16)?.checked_add(v as usize)
+    })
+}
+
 fn decode_chunk(buf: &[u8]) -> ChunkStep {
     let Some(line_end) = find_crlf(buf) else {
         return if buf.len() > 1024 {
@@ -1461,10 +1491,7 @@ fn decode_chunk(buf: &[u8]) -> ChunkStep {
     };
     let line = &buf[..line_end];
     let size_text = line.split(|b| *b == b';').next().unwrap_or_default();
-    let Some(size) = std::str::from_utf8(size_text)
-        .ok()
-        .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
-    else {
+    let Some(size) = chunk_size(size_text) else {
         return ChunkStep::Bad;
     };
     let data_start = line_end + 2;
@@ -1515,5 +1542,75 @@ mod tests {
         );
         assert_eq!(decode_chunk(b"zz\r\n"), ChunkStep::Bad);
         assert_eq!(decode_chunk(b"2\r\nabXX"), ChunkStep::Bad);
+        // A chunk size is 1*HEXDIG: no sign, no Unicode space around it.
+        assert_eq!(decode_chunk(b"+5\r\nhello\r\n"), ChunkStep::Bad);
+        assert_eq!(
+            decode_chunk("\u{a0}5\r\nhello\r\n".as_bytes()),
+            ChunkStep::Bad
+        );
+        assert_eq!(decode_chunk(b"\r\n\r\n"), ChunkStep::Bad);
+        assert_eq!(
+            decode_chunk(b"5 ;x=1\r\nhello\r\n"),
+            ChunkStep::Data {
+                skip: 15,
+                data: (8, 13)
+            }
+        );
+    }
+
+    /// How a callback target's response head is framed: `(head, framing,
+    /// keep-alive)`, `None` for a response refused as malformed.
+    #[test]
+    fn response_framing_table() {
+        use Framing::{Chunked, Length, UntilClose};
+        let cases: &[(&str, Option<(Framing, bool)>)] = &[
+            ("Content-Length: 5", Some((Length(5), true))),
+            ("Content-Length:  5\t", Some((Length(5), true))),
+            ("Content-Length: +5", None),
+            ("Content-Length: \u{a0}5", None),
+            ("Content-Length: 5, 5", None),
+            ("Content-Length: -1", None),
+            (
+                "Content-Length: 5\r\nContent-Length: 5",
+                Some((Length(5), true)),
+            ),
+            ("Content-Length: 5\r\nContent-Length: 6", None),
+            ("Transfer-Encoding: chunked", Some((Chunked, true))),
+            ("Transfer-Encoding: gzip, chunked", Some((Chunked, true))),
+            // Transfer-Encoding overrides Content-Length (RFC 9112 6.3),
+            // and such a response ends its connection.
+            (
+                "Content-Length: 5\r\nTransfer-Encoding: chunked",
+                Some((Chunked, false)),
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nContent-Length: 5",
+                Some((Chunked, false)),
+            ),
+            // Not chunked last: the body runs until the connection closes.
+            ("Transfer-Encoding: notchunked", Some((UntilClose, false))),
+            (
+                "Transfer-Encoding: chunked, gzip",
+                Some((UntilClose, false)),
+            ),
+            (
+                "Connection: close\r\nContent-Length: 0",
+                Some((Length(0), false)),
+            ),
+            ("", Some((UntilClose, false))),
+        ];
+        for (fields, want) in cases {
+            let head = format!("HTTP/1.1 200 OK\r\n{fields}\r\n\r\n");
+            let got = match parse_head(head.as_bytes(), false) {
+                Ok(Some(h)) => Some((h.framing, h.keep)),
+                Ok(None) => panic!("{fields:?}: a whole head read as partial"),
+                Err(_) => None,
+            };
+            assert_eq!(&got, want, "{fields:?}");
+        }
+        // No body by its status: the connection stays usable.
+        let head = parse_head(b"HTTP/1.1 204 No Content\r\n\r\n", false);
+        let head = head.ok().flatten().expect("a whole head");
+        assert_eq!((head.framing, head.keep), (Framing::Length(0), true));
     }
 }

@@ -383,13 +383,25 @@ fn rejected(out: &mut String, shards: &[ShardStats]) {
 /// Render every shard's counters (summed) in Prometheus text format.
 /// `tags` are the per-tag gauges, already merged across shards.
 /// The resync gauges (only shard 0 runs a resync; the others hold 0).
-fn resync_gauges(out: &mut String, shards: &[ShardStats]) {
+/// `(state, started, finished)` summed over the shards, each shard's read
+/// in `resync_progress`'s order, before anything else in the scrape: the
+/// `resync_runs` counter, the state and the finished runs then agree (once
+/// finished reaches started, the state is the last run's outcome).
+fn resync_progress(shards: &[ShardStats]) -> (usize, u64, u64) {
+    shards
+        .iter()
+        .fold((0, 0, 0), |(state, started, finished), s| {
+            let (s_state, s_started, s_finished) = s.resync_progress();
+            (state + s_state, started + s_started, finished + s_finished)
+        })
+}
+
+fn resync_gauges(out: &mut String, shards: &[ShardStats], progress: (usize, u64, u64)) {
     let sum = |f: fn(&ShardStats) -> i64| -> i64 { shards.iter().map(f).sum() };
-    let state = sum(|s| s.resync_state.load(Relaxed));
+    let (state, _, done) = progress;
     let _ = writeln!(out, "# HELP chronos_resync_state Resync state: 0 idle, 1 running, 2 complete, 3 failed (the last run).\n# TYPE chronos_resync_state gauge\nchronos_resync_state {state}");
     let left = sum(|s| s.resync_peers_left.load(Relaxed));
     let _ = writeln!(out, "# HELP chronos_resync_peers_left Other nodes the running resync has still to query.\n# TYPE chronos_resync_peers_left gauge\nchronos_resync_peers_left {left}");
-    let done = sum(|s| s.resync_finished.load(Relaxed));
     let _ = writeln!(out, "# HELP chronos_resync_finished_runs Resync runs that finished (complete or failed).\n# TYPE chronos_resync_finished_runs gauge\nchronos_resync_finished_runs {done}");
     let failed = sum(|s| s.resync_failed.load(Relaxed));
     let _ = writeln!(out, "# HELP chronos_resync_failed_runs Resync runs that failed (a node stayed unreachable, or the view changed).\n# TYPE chronos_resync_failed_runs gauge\nchronos_resync_failed_runs {failed}");
@@ -432,13 +444,17 @@ fn throttle_gauges(out: &mut String, shards: &[ShardStats]) {
 }
 
 pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], out: &mut String) {
+    let progress = resync_progress(shards);
     let mut sums = vec![0u64; COUNTER_HELP.len()];
     for s in shards {
         for (sum, v) in sums.iter_mut().zip(counter_values(s)) {
             *sum += v;
         }
     }
-    for ((name, help), value) in COUNTER_HELP.iter().zip(sums) {
+    for ((name, help), mut value) in COUNTER_HELP.iter().zip(sums) {
+        if *name == "resync_runs" {
+            value = progress.1;
+        }
         let _ = writeln!(out, "# HELP chronos_{name}_total {help}\n# TYPE chronos_{name}_total counter\nchronos_{name}_total {value}");
     }
     rejected(out, shards);
@@ -446,7 +462,7 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
     let _ = writeln!(out, "# HELP chronos_timers_pending Timers (and tombstones) held in the wheels.\n# TYPE chronos_timers_pending gauge\nchronos_timers_pending {pending}");
     let tombstones: i64 = shards.iter().map(|s| s.tombstones.load(Relaxed)).sum();
     let _ = writeln!(out, "# HELP chronos_tombstones Tombstones held (deleted or finished timers kept one more interval).\n# TYPE chronos_tombstones gauge\nchronos_tombstones {tombstones}");
-    resync_gauges(out, shards);
+    resync_gauges(out, shards, progress);
     throttle_gauges(out, shards);
     site_metrics(out, shards, sites);
     let open: i64 = shards
@@ -667,6 +683,40 @@ mod tests {
             stats.resync_progress(),
             (RESYNC_COMPLETE as usize, runs, runs)
         );
+    }
+
+    /// A scrape never shows every run started finished with the state
+    /// still "running" (it could: the runs counter, the state and the
+    /// finished gauge were read at three moments in any order).
+    #[test]
+    fn a_scrape_never_shows_running_once_every_run_finished() {
+        use std::sync::atomic::AtomicBool;
+        let shards = std::sync::Arc::new([ShardStats::default()]);
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (writer, stopped) = (shards.clone(), stop.clone());
+        let t = std::thread::spawn(move || {
+            while !stopped.load(Relaxed) {
+                writer[0].resync_begin();
+                writer[0].resync_end(RESYNC_COMPLETE);
+            }
+        });
+        let value = |text: &str, name: &str| -> u64 {
+            let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+            line[name.len()..].parse().unwrap()
+        };
+        let (mut torn, mut out) = (0, String::new());
+        for _ in 0..4_000 {
+            out.clear();
+            render(&shards[..], &[], &[], &mut out);
+            let started = value(&out, "chronos_resync_runs_total ");
+            let state = value(&out, "chronos_resync_state ");
+            let finished = value(&out, "chronos_resync_finished_runs ");
+            assert!(finished <= started, "{finished} finished of {started}");
+            torn += usize::from(finished == started && state == RESYNC_RUNNING as u64);
+        }
+        stop.store(true, Relaxed);
+        t.join().unwrap();
+        assert_eq!(torn, 0, "scrapes with every run finished and running");
     }
 
     #[test]
