@@ -676,21 +676,25 @@ fn a_delete_refused_for_a_while_is_retried_and_the_timer_never_pops() {
 }
 
 /// Ask for a ping on `conn` every 100 ms until `stop`, reading each
-/// answer (the connection is never idle). Panics if the node closes the
-/// connection meanwhile.
+/// answer (the connection is never idle). Ends early if the node closes
+/// it (then the delete is no longer refused, which the test sees).
 fn keep_busy(conn: std::net::TcpStream, stop: &std::sync::atomic::AtomicBool) {
     use std::io::{Read, Write};
     conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        (&conn)
+        if (&conn)
             .write_all(b"GET /ping HTTP/1.1\r\nHost: b\r\n\r\n")
-            .expect("the held connection is open");
+            .is_err()
+        {
+            return;
+        }
         let mut answer = Vec::new();
         let mut buf = [0u8; 256];
         while !answer.ends_with(b"\r\n\r\nOK") {
-            let n = (&conn).read(&mut buf).expect("an answer to the ping");
-            assert!(n > 0, "B closed the held connection");
-            answer.extend_from_slice(&buf[..n]);
+            match (&conn).read(&mut buf) {
+                Ok(n) if n > 0 => answer.extend_from_slice(&buf[..n]),
+                _ => return,
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
     }

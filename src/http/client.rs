@@ -1310,7 +1310,9 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
                 .ok_or_else(|| Exchange::Failed("bad Content-Length in response".into()))?;
             length = Some(n);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            coding = Some(h.value);
+            // Several fields are one list: a field's last coding, if it
+            // has one, follows the earlier fields'.
+            coding = last_coding(h.value).or(coding).or(Some(b""));
         } else if h.name.eq_ignore_ascii_case("connection") {
             if h.value.eq_ignore_ascii_case(b"close") {
                 keep = false;
@@ -1319,19 +1321,14 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
             }
         }
     }
-    let mut framing = match (coding, length) {
+    // Transfer-Encoding overrides Content-Length: its last coding decides
+    // (chunked, or else the body runs until the close); with no coding
+    // in it, the length frames the body.
+    let last_coding = coding.filter(|c| !c.is_empty());
+    let mut framing = match (last_coding, length) {
+        (Some(c), _) if c.eq_ignore_ascii_case(b"chunked") => Framing::Chunked,
+        (Some(_), _) | (None, None) => Framing::UntilClose,
         (None, Some(n)) => Framing::Length(n),
-        (None, None) => Framing::UntilClose,
-        // Transfer-Encoding overrides Content-Length; chunked only when it
-        // is the last coding, else the body runs until the close.
-        (Some(codings), _) => {
-            let last = codings.rsplit(|&b| b == b',').next().unwrap_or_default();
-            if super::trim_ows(last).eq_ignore_ascii_case(b"chunked") {
-                Framing::Chunked
-            } else {
-                Framing::UntilClose
-            }
-        }
     };
     if head_only || status == 204 || status == 304 || (100..200).contains(&status) {
         framing = Framing::Length(0);
@@ -1468,6 +1465,16 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
     buf.windows(2).position(|w| w == b"\r\n")
 }
 
+/// The last coding of a `Transfer-Encoding` field value: empty list items
+/// and `identity` are not codings (RFC 9110 5.6.1).
+fn last_coding(value: &[u8]) -> Option<&[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(super::trim_ows)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
+        .last()
+}
+
 /// A chunk's size: `1*HEXDIG` (RFC 9112 7.1), SP and HTAB around it
 /// ignored; no sign, no other space, nothing past `usize`.
 fn chunk_size(text: &[u8]) -> Option<usize> {
@@ -1598,6 +1605,35 @@ mod tests {
                 Some((Length(0), false)),
             ),
             ("", Some((UntilClose, false))),
+            // Empty list items and `identity` are not codings (RFC 9110
+            // 5.6.1): what is left decides; nothing left, the length does.
+            ("Transfer-Encoding: chunked,", Some((Chunked, true))),
+            ("Transfer-Encoding: chunked , ,", Some((Chunked, true))),
+            (
+                "Transfer-Encoding: identity\r\nContent-Length: 2",
+                Some((Length(2), false)),
+            ),
+            (
+                "Transfer-Encoding: chunked, identity",
+                Some((Chunked, true)),
+            ),
+            (
+                "Transfer-Encoding: ,\r\nContent-Length: 2",
+                Some((Length(2), false)),
+            ),
+            ("Transfer-Encoding: identity", Some((UntilClose, false))),
+            (
+                "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked",
+                Some((Chunked, true)),
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip",
+                Some((UntilClose, false)),
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: ,",
+                Some((Chunked, true)),
+            ),
         ];
         for (fields, want) in cases {
             let head = format!("HTTP/1.1 200 OK\r\n{fields}\r\n\r\n");
