@@ -1469,10 +1469,9 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
 /// and `identity` are not codings (RFC 9110 5.6.1).
 fn last_coding(value: &[u8]) -> Option<&[u8]> {
     value
-        .split(|&b| b == b',')
+        .rsplit(|&b| b == b',')
         .map(super::trim_ows)
-        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
-        .last()
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
 }
 
 /// A chunk's size: `1*HEXDIG` (RFC 9112 7.1), SP and HTAB around it
