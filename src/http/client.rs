@@ -1564,76 +1564,78 @@ mod tests {
         );
     }
 
-    /// How a callback target's response head is framed: `(head, framing,
-    /// keep-alive)`, `None` for a response refused as malformed.
+    /// How a callback target's response head is framed: `(head fields,
+    /// framing, keep-alive)`, `None` for a response refused as malformed.
+    use Framing::{Chunked, Length, UntilClose};
+    const FRAMING_CASES: &[(&str, Option<(Framing, bool)>)] = &[
+        ("Content-Length: 5", Some((Length(5), true))),
+        ("Content-Length:  5\t", Some((Length(5), true))),
+        ("Content-Length: +5", None),
+        ("Content-Length: \u{a0}5", None),
+        ("Content-Length: 5, 5", None),
+        ("Content-Length: -1", None),
+        (
+            "Content-Length: 5\r\nContent-Length: 5",
+            Some((Length(5), true)),
+        ),
+        ("Content-Length: 5\r\nContent-Length: 6", None),
+        ("Transfer-Encoding: chunked", Some((Chunked, true))),
+        ("Transfer-Encoding: gzip, chunked", Some((Chunked, true))),
+        // Transfer-Encoding overrides Content-Length (RFC 9112 6.3),
+        // and such a response ends its connection.
+        (
+            "Content-Length: 5\r\nTransfer-Encoding: chunked",
+            Some((Chunked, false)),
+        ),
+        (
+            "Transfer-Encoding: chunked\r\nContent-Length: 5",
+            Some((Chunked, false)),
+        ),
+        // Not chunked last: the body runs until the connection closes.
+        ("Transfer-Encoding: notchunked", Some((UntilClose, false))),
+        (
+            "Transfer-Encoding: chunked, gzip",
+            Some((UntilClose, false)),
+        ),
+        (
+            "Connection: close\r\nContent-Length: 0",
+            Some((Length(0), false)),
+        ),
+        ("", Some((UntilClose, false))),
+        // Empty list items and `identity` are not codings (RFC 9110
+        // 5.6.1): what is left decides; nothing left, the length does.
+        ("Transfer-Encoding: chunked,", Some((Chunked, true))),
+        ("Transfer-Encoding: chunked , ,", Some((Chunked, true))),
+        (
+            "Transfer-Encoding: identity\r\nContent-Length: 2",
+            Some((Length(2), false)),
+        ),
+        (
+            "Transfer-Encoding: chunked, identity",
+            Some((Chunked, true)),
+        ),
+        (
+            "Transfer-Encoding: ,\r\nContent-Length: 2",
+            Some((Length(2), false)),
+        ),
+        ("Transfer-Encoding: identity", Some((UntilClose, false))),
+        (
+            "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked",
+            Some((Chunked, true)),
+        ),
+        (
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip",
+            Some((UntilClose, false)),
+        ),
+        (
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: ,",
+            Some((Chunked, true)),
+        ),
+    ];
+
     #[test]
     fn response_framing_table() {
-        use Framing::{Chunked, Length, UntilClose};
-        let cases: &[(&str, Option<(Framing, bool)>)] = &[
-            ("Content-Length: 5", Some((Length(5), true))),
-            ("Content-Length:  5\t", Some((Length(5), true))),
-            ("Content-Length: +5", None),
-            ("Content-Length: \u{a0}5", None),
-            ("Content-Length: 5, 5", None),
-            ("Content-Length: -1", None),
-            (
-                "Content-Length: 5\r\nContent-Length: 5",
-                Some((Length(5), true)),
-            ),
-            ("Content-Length: 5\r\nContent-Length: 6", None),
-            ("Transfer-Encoding: chunked", Some((Chunked, true))),
-            ("Transfer-Encoding: gzip, chunked", Some((Chunked, true))),
-            // Transfer-Encoding overrides Content-Length (RFC 9112 6.3),
-            // and such a response ends its connection.
-            (
-                "Content-Length: 5\r\nTransfer-Encoding: chunked",
-                Some((Chunked, false)),
-            ),
-            (
-                "Transfer-Encoding: chunked\r\nContent-Length: 5",
-                Some((Chunked, false)),
-            ),
-            // Not chunked last: the body runs until the connection closes.
-            ("Transfer-Encoding: notchunked", Some((UntilClose, false))),
-            (
-                "Transfer-Encoding: chunked, gzip",
-                Some((UntilClose, false)),
-            ),
-            (
-                "Connection: close\r\nContent-Length: 0",
-                Some((Length(0), false)),
-            ),
-            ("", Some((UntilClose, false))),
-            // Empty list items and `identity` are not codings (RFC 9110
-            // 5.6.1): what is left decides; nothing left, the length does.
-            ("Transfer-Encoding: chunked,", Some((Chunked, true))),
-            ("Transfer-Encoding: chunked , ,", Some((Chunked, true))),
-            (
-                "Transfer-Encoding: identity\r\nContent-Length: 2",
-                Some((Length(2), false)),
-            ),
-            (
-                "Transfer-Encoding: chunked, identity",
-                Some((Chunked, true)),
-            ),
-            (
-                "Transfer-Encoding: ,\r\nContent-Length: 2",
-                Some((Length(2), false)),
-            ),
-            ("Transfer-Encoding: identity", Some((UntilClose, false))),
-            (
-                "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked",
-                Some((Chunked, true)),
-            ),
-            (
-                "Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip",
-                Some((UntilClose, false)),
-            ),
-            (
-                "Transfer-Encoding: chunked\r\nTransfer-Encoding: ,",
-                Some((Chunked, true)),
-            ),
-        ];
+        let cases = FRAMING_CASES;
         for (fields, want) in cases {
             let head = format!("HTTP/1.1 200 OK\r\n{fields}\r\n\r\n");
             let got = match parse_head(head.as_bytes(), false) {
