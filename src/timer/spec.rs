@@ -450,6 +450,12 @@ fn parse_replication<'a>(
     else {
         return Ok(None);
     };
+    // Checked in every body (a client's too, where it is then ignored).
+    let only_newer = match only_newer {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(_) => return Err("reliability.only-newer must be true or false".into()),
+    };
     // An empty list is never a replication body, whatever `sites` says
     // (nodes leave an empty list out; `"replicas": [], "sites": []` used
     // to pass as a cross-site body with no site).
@@ -468,11 +474,6 @@ fn parse_replication<'a>(
         (Some(r), _) => r,
         (None, Some(s)) if !s.is_empty() => &none,
         (None, _) => return Ok(None),
-    };
-    let only_newer = match only_newer {
-        None | Some(serde_json::Value::Null) => false,
-        Some(serde_json::Value::Bool(b)) => *b,
-        Some(_) => return Err("reliability.only-newer must be true or false".into()),
     };
     if sites.as_ref().is_some_and(|s| s.len() > SITES_LISTED_MAX) {
         return Err(format!(
@@ -598,6 +599,33 @@ mod tests {
         assert_eq!(s.uri, "http://127.0.0.1:9/cb");
         assert_eq!(s.opaque, "x");
         assert!(s.replication.is_none());
+    }
+
+    /// `reliability.only-newer` is true, false or null in any body, as the
+    /// OpenAPI description says; a client body (no `replicas`) with an
+    /// object there was accepted (schemathesis, CI at 91bc295).
+    #[test]
+    fn only_newer_is_a_boolean_or_null_in_every_body() {
+        let rel = |v: &str, more: &str| {
+            format!(
+                r#"{{"timing":{{"interval":5}},"callback":{{"http":{{"uri":"http://a/"}}}},"reliability":{{"only-newer":{v}{more}}}}}"#
+            )
+        };
+        for more in ["", r#","sites":[]"#, r#","replicas":["a:1"]"#] {
+            for good in ["true", "false", "null"] {
+                let body = rel(good, more);
+                assert!(parse_test(body.as_bytes()).is_ok(), "{body}");
+            }
+            for bad in [r#"{"":[]}"#, "{}", "[]", "1", r#""true""#] {
+                let body = rel(bad, more);
+                let err = parse_test(body.as_bytes()).err();
+                assert_eq!(
+                    err.as_deref(),
+                    Some("reliability.only-newer must be true or false"),
+                    "{body}"
+                );
+            }
+        }
     }
 
     #[test]
