@@ -1324,8 +1324,8 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
     // Transfer-Encoding overrides Content-Length: its last coding decides
     // (chunked, or else the body runs until the close); with no coding
     // in it, the length frames the body.
-    let last_coding = coding.filter(|c| !c.is_empty());
-    let mut framing = match (last_coding, length) {
+    let final_coding = coding.filter(|c| !c.is_empty());
+    let mut framing = match (final_coding, length) {
         (Some(c), _) if c.eq_ignore_ascii_case(b"chunked") => Framing::Chunked,
         (Some(_), _) | (None, None) => Framing::UntilClose,
         (None, Some(n)) => Framing::Length(n),
