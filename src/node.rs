@@ -26,7 +26,7 @@ use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
 use crate::runtime::systemd;
 use crate::runtime::{EngineConfig, ShardCtx, SignalHook, DRAIN_TIMEOUT, SIGHUP, SIGUSR1};
 use crate::shard::rebalance::resync_loop;
-use crate::shard::{durable, pop_loop, MeshMsg, Reply, Shard};
+use crate::shard::{durable, handoff, pop_loop, repair_loop, MeshMsg, Reply, Shard};
 use crate::stats::ShardStats;
 use crate::storage::{self, Recovered};
 use std::path::PathBuf;
@@ -108,6 +108,13 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
         for s in stats.iter() {
             s.recovering.store(true, Ordering::Relaxed);
         }
+        // A member with other nodes takes what they owe it before it pops
+        // (`shard/handoff.rs`).
+        let cluster = &resolved.cluster;
+        let peers = cluster.nodes.len() + cluster.leaving.len() > 1;
+        if peers && cluster.local.is_some() {
+            stats[0].catching_up.store(true, Ordering::Release);
+        }
     }
     let node = Arc::new(NodeShared {
         resolved: Arc::new(resolved),
@@ -182,6 +189,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
     }
     start_timers(&shard, &node, index);
     gate.spawn(take_reloads(shard.clone(), node.reloads[index].clone()));
+    gate.spawn(repair_loop(shard.clone()));
     if index == 0 {
         start_resync(&shard, node.resyncs.clone());
     }
@@ -232,7 +240,11 @@ fn start_timers(shard: &Rc<Shard>, node: &NodeShared, index: usize) {
                 durable::recover(&shard, dir, recovered).await;
                 shard.my_stats().recovering.store(false, Ordering::Relaxed);
                 announce_if_ready(&shard, &announced);
-                durable::catch_up(&shard).await;
+                if shard.id == 0 && shard.stats[0].catching_up.load(Ordering::Acquire) {
+                    handoff::catch_up(&shard).await;
+                    announce_if_ready(&shard, &announced);
+                }
+                handoff::wait_caught_up(&shard).await;
                 shard.gate.spawn(pop_loop(shard.clone()));
             })
             .detach();
@@ -350,7 +362,8 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
                 Some(log) if applied.is_ok() && log.waits() => {
                     let shard = shard.clone();
                     glommio::spawn_local(async move {
-                        let _ = reply.send(Reply::Applied(shard.settle().await));
+                        let settled = shard.settle().await.and(applied);
+                        let _ = reply.send(Reply::Applied(settled));
                     })
                     .detach();
                 }
@@ -375,6 +388,10 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
         }
         MeshMsg::Tags { reply } => {
             let _ = reply.send(Reply::Tags(shard.store.borrow().tag_values()));
+        }
+        MeshMsg::Owed { node, reply } => {
+            let (owed, repair) = shard.replicator.owed(&node).unwrap_or((0, false));
+            let _ = reply.send(Reply::Owed(owed, repair));
         }
     }
 }

@@ -156,9 +156,16 @@ async fn answer(
             Method::Post => resync(shard, req, out, close).await,
             _ => not_allowed(out, "POST", close),
         },
-        "/timers/references" if !internal_authorized(shard, req) => {
+        "/timers/references" | "/handoff" if !internal_authorized(shard, req) => {
             forbidden(api, req, Refused::Internal, out, close)
         }
+        "/handoff" => match req.method {
+            Method::Get => match shard.handoff(req.query).await {
+                Ok(body) => json(out, 200, &body, close),
+                Err((status, reason)) => error(out, status, &reason, close),
+            },
+            _ => not_allowed(out, "GET", close),
+        },
         "/timers/references" => match req.method {
             Method::Delete => match shard.resync_references(req.body).await {
                 Ok(_) => {

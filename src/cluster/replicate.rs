@@ -9,16 +9,22 @@
 //! shutdown each delivers the batch in hand and stops.
 //!
 //! Bounds, per shard and peer: `queue_max` messages and `queue_bytes_max`
-//! bytes waiting (beyond either a message is dropped and counted), one
+//! bytes waiting (beyond either a message is dropped and counted; for a
+//! member of the cluster the peer is then owed a repair, see
+//! [`Replicator::take_repair`]), one
 //! connection, one batch of at most `BATCH_MAX` requests and about
 //! `SEGMENT_BYTES_MAX` bytes in flight,
 //! a timeout per batch (beyond it the batch is counted as failed and the
 //! connection closed), and an exponential reconnect backoff
 //! (`BACKOFF_MS_MIN`..`BACKOFF_MS_MAX`). What a peer did not answer, or
 //! answered with a 5xx, 408 or 429, goes back to the front of its queue
-//! and is retried in order until delivered or `deliver_within` after it was
-//! queued (then it is given up and counted as failed); a 4xx refusal is
-//! final. Order is kept, so a later message for a timer (a delete after a
+//! and is retried in order: to a member of the cluster until delivered or
+//! the peer leaves the cluster (issue 37: a replica down longer than the
+//! window used to miss the deletes made meanwhile, and popped them); to
+//! another site (or a peer that left) until delivered or `deliver_within`
+//! after it was queued (then it is given up and counted as failed). A
+//! member still owed messages past `deliver_within` is logged, once per
+//! outage. A 4xx refusal is final. Order is kept, so a later message for a timer (a delete after a
 //! create) is never delivered before an earlier one; the receiver's
 //! conflict rules discard what a later message superseded.
 
@@ -67,9 +73,10 @@ pub struct ReplicatorConfig {
     pub queue_bytes_max: usize,
     /// A batch must be answered within this.
     pub timeout: Duration,
-    /// A message not delivered this long after it was queued is given up
-    /// (counted as failed); until then it is retried. With `timeout`, it
-    /// bounds how late a message can arrive, which tombstones outlive.
+    /// To another site (`sites`) or a peer that left the cluster: a
+    /// message not delivered this long after it was queued is given up
+    /// (counted as failed); until then it is retried. To a member: kept
+    /// until delivered, and a warning is logged once it is this late.
     pub deliver_within: Duration,
     /// Peers are remote sites (GR): count per site slot
     /// (`ShardStats::site_counts`), not as replication within the site.
@@ -257,8 +264,9 @@ struct Message {
     delta_at: u32,
     /// The timer's start, engine-clock ms (the delta is counted from it).
     start_ms: u64,
-    /// Engine-clock ms it was first queued: past `deliver_within` it is
-    /// given up, never sent (a tombstone may no longer stop it).
+    /// Engine-clock ms it was first queued: past `deliver_within` a
+    /// message to another site is given up, never sent (a tombstone may
+    /// no longer stop it); one to a member is reported late.
     born_ms: u64,
 }
 
@@ -332,6 +340,15 @@ struct Peer {
     /// No longer a peer (a reload dropped it): its sender stops once the
     /// queue is empty.
     retired: Cell<bool>,
+    /// Messages taken off the queue and not yet settled (the batch being
+    /// delivered): with `queued`, what the peer is still owed.
+    in_flight: Cell<usize>,
+    /// A message to this member was dropped at a full queue: the shard
+    /// owes it a repair ([`Replicator::take_repair`]).
+    repair_owed: Cell<bool>,
+    /// The current outage's lateness was logged (reset once the queue
+    /// drains).
+    late_logged: Cell<bool>,
     /// Its remote site slot, for a replicator to other sites.
     site: Option<usize>,
 }
@@ -353,6 +370,9 @@ impl Peer {
             wake: Notify::default(),
             running: Cell::new(false),
             retired: Cell::new(false),
+            in_flight: Cell::new(0),
+            repair_owed: Cell::new(false),
+            late_logged: Cell::new(false),
             site,
         })
     }
@@ -441,6 +461,34 @@ impl Replicator {
         self.peers.borrow().get(i).map(|p| p.address.clone())
     }
 
+    /// What this shard still owes the peer at `address`: messages queued or
+    /// being delivered, and whether it owes it a repair. `None` if it is
+    /// not a peer.
+    pub fn owed(&self, address: &str) -> Option<(usize, bool)> {
+        let peers = self.peers.borrow();
+        let p = peers.iter().find(|p| p.address == address)?;
+        Some((p.queued.get() + p.in_flight.get(), p.repair_owed.get()))
+    }
+
+    /// The peers (a mask over the peer order) owed a repair whose queue
+    /// has drained below half its bound (they answer again), with their
+    /// marks cleared: the caller sends each what this shard holds for it
+    /// (`shard/repair.rs`). A message dropped meanwhile marks it again.
+    pub fn take_repair(&self) -> u64 {
+        let peers = self.peers.borrow();
+        let c = &self.config;
+        let mut mask = 0u64;
+        for (i, p) in peers.iter().enumerate() {
+            let room =
+                p.queued.get() < c.queue_max / 2 && p.queued_bytes.get() < c.queue_bytes_max / 2;
+            if p.repair_owed.get() && room && i < 64 {
+                p.repair_owed.set(false);
+                mask |= 1u64 << i;
+            }
+        }
+        mask
+    }
+
     /// Whether every peer in `mask` (over the peer order) has less than
     /// half its queue bound waiting, in messages and in bytes: bulk senders
     /// (a resync) wait for this, so they never crowd out, or get dropped
@@ -483,7 +531,8 @@ impl Replicator {
     }
 
     /// Queue a replication `PUT /timers/<id>` to `peer`. Never waits: a
-    /// full queue drops the message (counted).
+    /// full queue drops the message (counted), and a member is then owed
+    /// a repair.
     pub fn send(&self, peer: usize, id: TimerId, body: &Body<'_>) {
         let peers = self.peers.borrow();
         let Some(p) = peers.get(peer) else {
@@ -492,7 +541,7 @@ impl Replicator {
             return;
         };
         if p.queued.get() >= self.config.queue_max {
-            count(self.stats(), Some(p), Count::Dropped, 1);
+            self.drop_at_bound(p);
             return;
         }
         let mut scratch = self.scratch.borrow_mut();
@@ -503,7 +552,7 @@ impl Replicator {
         // The body plus at most this much head.
         let bytes = scratch.len() + self.head_allowance(p);
         if p.queued_bytes.get() + bytes > self.config.queue_bytes_max {
-            count(self.stats(), Some(p), Count::Dropped, 1);
+            self.drop_at_bound(p);
             return;
         }
         count(self.stats(), Some(p), Count::Enqueued, 1);
@@ -522,6 +571,16 @@ impl Replicator {
             p.running.set(true);
         }
         p.wake.notify();
+    }
+
+    /// A message to `p` did not fit its queue: counted, and a member of the
+    /// cluster is marked for a repair (logged when first marked).
+    fn drop_at_bound(&self, p: &Peer) {
+        count(self.stats(), Some(p), Count::Dropped, 1);
+        if self.config.sites || p.repair_owed.replace(true) {
+            return;
+        }
+        tracing::warn!(target: "chronos::replication", "to {}: the queue is full (replication-queue-max, replication-queue-bytes-max): a message was dropped, and this shard will send the peer everything it holds for it once it answers again", p.address);
     }
 
     /// Append one request (head, then `body`) to `p`'s last segment, or a
@@ -627,10 +686,15 @@ impl Sender {
                 .set(peer.queued_bytes.get() - seg.bytes.len());
             self.give_up_expired(&mut seg);
             if seg.count() > 0 {
+                peer.in_flight.set(seg.count());
                 seg.restamp(clock::now_ms());
                 statuses.clear();
                 backoff_ms = self.deliver(&seg, backoff_ms, &mut statuses).await;
                 self.requeue_unanswered(&seg, &statuses);
+                peer.in_flight.set(0);
+            }
+            if peer.queued.get() == 0 {
+                peer.late_logged.set(false);
             }
             seg.bytes.clear();
             seg.messages.clear();
@@ -652,9 +716,11 @@ impl Sender {
     }
 
     /// Give up the segment's messages queued longer than `deliver_within`
-    /// ago (counted as failed): a receiver's tombstone lives only that long
-    /// (plus the timeout), so a create sent later could bring a deleted
-    /// timer back. Messages are queued in order, so they are a prefix.
+    /// ago (counted as failed), to another site or a peer that left the
+    /// cluster: a receiver's tombstone lives only that long (plus the
+    /// timeout), so a create sent later could bring a deleted timer back.
+    /// Messages are queued in order, so they are a prefix. To a member
+    /// nothing is given up; lateness is logged once per outage.
     fn give_up_expired(&self, seg: &mut Segment) {
         let now_ms = clock::now_ms();
         let within_ms = self.config.deliver_within.as_millis() as u64;
@@ -667,6 +733,12 @@ impl Sender {
             return;
         }
         let peer = &self.peer;
+        if !self.config.sites && !peer.retired.get() {
+            if !peer.late_logged.replace(true) {
+                tracing::warn!(target: "chronos::replication", "to {}: messages queued over {within_ms} ms ago are still undelivered; they are kept until the peer answers or leaves the cluster", peer.address);
+            }
+            return;
+        }
         count(
             &self.stats[self.shard],
             Some(peer),

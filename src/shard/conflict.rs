@@ -1,10 +1,15 @@
 //! The conflict rules between a stored incarnation of a timer and one that
 //! arrives from another node (seed 000's rules, extended for reloads):
 //!
-//! 1. **View.** A copy of the current cluster view beats one of a view this
-//!    shard held before. A view it never held may be newer (a peer reloaded
-//!    first), so it is not judged by view: the next rules decide.
-//! 2. **Version.** The newer client operation (version) wins.
+//! 1. **Version.** The newer client operation (version) wins, whatever
+//!    view either copy was made under: a client's change taken by a node
+//!    that has not reloaded yet is still the newest change (issue 37: a
+//!    rolling reload threw such deletes away).
+//! 2. **View.** Between copies of one version, a copy of the current
+//!    cluster view beats one of a view this shard held before (a resync's
+//!    copy or tombstone replaces the old-view copy it moved). A view it
+//!    never held may be newer (a peer reloaded first), so it is not judged
+//!    by view: the next rules decide.
 //! 3. **Sequence.** Of the same version, the one with more pops done wins.
 //! 4. **Tombstone.** At a tie, a tombstone beats a live copy.
 //!
@@ -63,20 +68,20 @@ pub fn replaces(
         new.id.unique, old.id.unique,
         "two incarnations of one timer"
     );
+    if new.version != old.version {
+        return new.version > old.version;
+    }
     if new.view != old.view {
         if new.view == current {
             return true;
         }
-        // The current view beats an older one; a view this shard never held
-        // may be newer, and falls through to version and sequence, so a pop
-        // replicated in the window between two nodes' reloads is not popped
-        // again.
+        // Within a version the current view beats an older one; a view
+        // this shard never held may be newer, and falls through to
+        // sequence, so a pop replicated in the window between two nodes'
+        // reloads is not popped again.
         if old.view == current && (new.view == 0 || past.contains(&new.view)) {
             return false;
         }
-    }
-    if new.version != old.version {
-        return new.version > old.version;
     }
     if new.sequence != old.sequence {
         return new.sequence > old.sequence;
@@ -117,16 +122,28 @@ mod tests {
     }
 
     #[test]
-    fn rule_1_current_view_beats_a_past_one() {
-        // Whatever version and sequence say.
-        assert!(wins(head(CUR, 1, 0), false, head(9, 5, 3), false));
-        assert!(!wins(head(9, 5, 3), false, head(CUR, 1, 0), false));
+    fn rule_2_current_view_beats_a_past_one_within_a_version() {
+        // Whatever sequence says.
+        assert!(wins(head(CUR, 1, 0), false, head(9, 1, 3), false));
+        assert!(!wins(head(9, 1, 3), false, head(CUR, 1, 0), false));
         // An unknown view (0) loses to the current one too.
-        assert!(!wins(head(0, 5, 3), false, head(CUR, 1, 0), false));
+        assert!(!wins(head(0, 1, 3), false, head(CUR, 1, 0), false));
+        // A resync's tombstone of the current view replaces the old copy.
+        assert!(wins(head(CUR, 1, 0), true, head(9, 1, 0), false));
+    }
+
+    /// Issue 37: a client's delete or update taken by a node that has not
+    /// reloaded yet (its view is past here) is still the newest change.
+    #[test]
+    fn rule_1_a_newer_version_of_a_past_view_beats_the_current_view() {
+        assert!(wins(head(9, 5, 0), true, head(CUR, 1, 0), false));
+        assert!(wins(head(9, 5, 0), false, head(CUR, 1, 3), false));
+        assert!(wins(head(0, 5, 0), true, head(CUR, 1, 0), false));
+        assert!(!wins(head(CUR, 1, 9), false, head(9, 5, 0), true));
     }
 
     #[test]
-    fn rule_1_a_view_never_held_is_judged_by_version_and_sequence() {
+    fn rule_2_a_view_never_held_is_judged_by_sequence() {
         // 11 is neither current nor past: a peer reloaded first.
         assert!(wins(head(11, 1, 2), false, head(CUR, 1, 1), false));
         assert!(!wins(head(11, 1, 1), false, head(CUR, 1, 2), false));
@@ -134,7 +151,7 @@ mod tests {
     }
 
     #[test]
-    fn rule_2_newer_version_wins() {
+    fn rule_1_newer_version_wins() {
         assert!(wins(head(CUR, 2, 0), false, head(CUR, 1, 9), false));
         assert!(!wins(head(CUR, 1, 9), false, head(CUR, 2, 0), false));
         // A newer client update beats an older tombstone, and vice versa.
@@ -159,7 +176,7 @@ mod tests {
 
     /// A re-send passes only with a newer version: never by sequence (a
     /// pop left to the next replica), never as a tombstone at a tie (a
-    /// resync's), and never over the current view.
+    /// resync's), and never by view alone.
     #[test]
     fn a_re_send_passes_only_with_a_newer_version() {
         let re = |new: TimerHead, new_tomb, old: TimerHead, old_tomb| {
@@ -181,8 +198,9 @@ mod tests {
             (head(CUR, 1, 0), true, head(CUR, 1, 0), false, true, false),
             (head(CUR, 1, 2), false, head(CUR, 1, 1), false, true, false),
             (head(CUR, 1, 0), false, head(CUR, 2, 0), true, false, false),
-            (head(9, 3, 0), true, head(CUR, 1, 0), false, false, false),
-            (head(CUR, 1, 0), false, head(9, 3, 0), false, true, false),
+            (head(9, 3, 0), true, head(CUR, 1, 0), false, true, true),
+            (head(9, 1, 0), true, head(CUR, 1, 0), false, false, false),
+            (head(CUR, 1, 0), false, head(9, 1, 0), false, true, false),
         ] {
             assert_eq!(
                 peer(new, new_tomb, old, old_tomb),

@@ -134,25 +134,6 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
     log
 }
 
-/// With peers, what they queued for this node while it was down (a delete,
-/// an update, another replica's pop) reaches it within their replication
-/// retry backoff once it answers again: until then the node pops nothing,
-/// or a timer deleted meanwhile would pop here (the other replicas pop
-/// what falls due in that window; a duplicate at worst). Without peers
-/// nothing can arrive: pops start at once.
-const CATCH_UP: Duration = Duration::from_millis(crate::cluster::replicate::BACKOFF_MS_MAX + 1000);
-
-/// Wait, after recovery, until what peers queued for this node has had
-/// time to arrive ([`CATCH_UP`]).
-pub async fn catch_up(shard: &Shard) {
-    if shard.has_peers() {
-        let _ = shard
-            .gate
-            .unless_closing(glommio::timer::sleep(CATCH_UP))
-            .await;
-    }
-}
-
 /// Close the log at shutdown: write what is pending, then end.
 pub async fn close(shard: &Shard, timeout: Duration) {
     let Some(log) = shard.log() else {

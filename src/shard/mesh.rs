@@ -30,6 +30,11 @@ pub enum MeshMsg {
         list: Vec<(u64, u8)>,
         reply: SharedSender<Reply>,
     },
+    /// What this shard still owes the node at `node` (`GET /handoff`).
+    Owed {
+        node: String,
+        reply: SharedSender<Reply>,
+    },
     /// Start a resync (it runs on shard 0): `all_views` restores every
     /// replica this node holds, not only old-view ones.
     StartResync {
@@ -40,10 +45,14 @@ pub enum MeshMsg {
 
 /// The owner's answer.
 pub enum Reply {
-    Applied(Result<(), OpError>),
+    /// The factor the copy stored before asked for (see `Shard::apply`).
+    Applied(Result<u8, OpError>),
     Tags(Vec<(String, i64)>),
     Resync(ShardPage),
     Marked(usize),
     /// The number of the resync run that will serve the request.
     ResyncRun(u64),
+    /// Messages queued or in flight to the node asked about, and whether
+    /// a repair is owed to it.
+    Owed(usize, bool),
 }

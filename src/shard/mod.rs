@@ -27,10 +27,12 @@
 
 pub mod conflict;
 pub mod durable;
+pub mod handoff;
 pub mod mesh;
 mod ops;
 mod pop;
 pub mod rebalance;
+mod repair;
 mod replication;
 mod resend;
 pub mod resync;
@@ -42,6 +44,7 @@ mod view;
 pub use mesh::{MeshMsg, Reply};
 pub use ops::{OpError, TOMBSTONE_MS_DEFAULT};
 pub use pop::{pop_loop, PopState, POPS_PER_TURN_MAX};
+pub use repair::repair_loop;
 pub use store::Store;
 
 use crate::cluster::replicate::{Replicator, ReplicatorConfig};
@@ -276,6 +279,11 @@ impl Shard {
             .count();
         if self.recovering() {
             return Err("recovering: replaying the timer log".into());
+        }
+        if self.stats[0].catching_up.load(Ordering::Acquire) {
+            return Err(
+                "catching up: taking the replication the peers owe this node before popping".into(),
+            );
         }
         match down {
             0 => Ok(()),

@@ -147,8 +147,10 @@ impl Shard {
     }
 
     /// `PUT /timers/<id>` from a client: the new replicas get the timer, and
-    /// old replicas named by the ID's bloom filter that are no longer
-    /// replicas get it as a tombstone (passive rebalancing, seed 001).
+    /// every other node that may hold a copy (see [`Shard::holders`]) gets
+    /// it as a tombstone (passive rebalancing, seed 001). Applied first on
+    /// the owner shard, whose stored copy names the factor it was placed
+    /// with.
     pub async fn client_update(
         &self,
         id: TimerId,
@@ -161,15 +163,15 @@ impl Shard {
         };
         let head = self.client_head(new_id, &spec, &pl, clock::unix_us());
         self.check_backed(&pl, &spec)?;
-        let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(id.bloom));
+        let local = pl.my_index.map(|_| spec.clone());
+        let stored_factor = self.route_apply(head, local, Source::Client).await?;
+        let targets = self.without_me(pl.mask() | self.holders(id, stored_factor));
         self.replicate_spec(&head, &spec, &pl, targets);
-        let local = pl.my_index.map(|_| spec);
-        self.route_apply(head, local, Source::Client).await?;
         Ok(new_id)
     }
 
     /// `DELETE /timers/<id>` from a client: a tombstone here and on every
-    /// node the ID names. Idempotent.
+    /// node that may hold a copy (see [`Shard::holders`]). Idempotent.
     pub async fn client_delete(&self, id: TimerId) -> Result<(), OpError> {
         let head = TimerHead {
             id,
@@ -185,12 +187,8 @@ impl Shard {
             site_index: 0,
             sites: self.resolved.sites.own_list(),
         };
-        // The nodes the ID names, and the timer's replicas under the
-        // current view: during a rescale a resync may already have placed
-        // it there.
-        let factor = self.default_factor();
-        let named = self.cluster().bloom_matches(id.bloom)
-            | self.placement(id.unique, factor as usize).mask();
+        let stored_factor = self.route_apply(head, None, Source::Client).await?;
+        let named = self.holders(id, stored_factor);
         let targets = self.without_me(named);
         if targets != 0 {
             let cluster = self.cluster();
@@ -205,7 +203,34 @@ impl Shard {
             self.send_replication(&cluster, &head, ("", ""), &[], &names[..n], targets);
         }
         self.send_to_sites(&head, ("", ""), &[]);
-        self.route_apply(head, None, Source::Client).await
+        Ok(())
+    }
+
+    /// Every node of the current view that may hold a copy of `id`, as a
+    /// peer mask: the nodes the ID names (its first replicas), and its
+    /// replicas under the current view and under the view before the last
+    /// reload, placed with the largest factor it may have: the default,
+    /// the count the ID names, and `stored_factor` (what this node's copy
+    /// asked for; 0 if none). A resync places a timer with its own factor,
+    /// so a delete placed with the default alone missed the replicas a
+    /// grow gave a timer of a larger factor (issue 37).
+    pub(super) fn holders(&self, id: TimerId, stored_factor: u8) -> u64 {
+        let cluster = self.cluster();
+        let named = cluster.bloom_matches(id.bloom);
+        let factor = self
+            .default_factor()
+            .max(stored_factor)
+            .max(named.count_ones() as u8) as usize;
+        let mut mask = named | self.placement(id.unique, factor).mask();
+        if let Some(before) = self.view.previous() {
+            for r in Placement::of(&before, id.unique, factor).members() {
+                let address = &before.node_at(*r).address;
+                if let Some(peer) = cluster.peer_of(address) {
+                    mask |= 1u64 << peer;
+                }
+            }
+        }
+        mask
     }
 
     /// A replication `PUT` from another node (the body names `replicas`):
@@ -347,13 +372,15 @@ impl Shard {
     }
 
     /// Store an incarnation (`spec: None` or an empty callback: a tombstone)
-    /// on the shard that owns its ID.
+    /// on the shard that owns its ID. Returns the replication factor the
+    /// copy stored before asked for (0: none), which tells a client's
+    /// update or delete where a resync may have placed the timer.
     pub fn apply(
         &self,
         head: TimerHead,
         spec: Option<&TimerSpec>,
         source: Source,
-    ) -> Result<(), OpError> {
+    ) -> Result<u8, OpError> {
         assert_eq!(
             shard_of(head.id.unique, self.shards),
             self.id,
@@ -369,7 +396,7 @@ impl Shard {
             let (current, past) = (self.view(), self.view.past());
             if !conflict::admits(source, (&head, tombstone), (old, *old_tomb), current, &past) {
                 ShardStats::add(&self.my_stats().replication_stale, 1);
-                return Ok(());
+                return Ok(old.factor_requested);
             }
         } else if store.len() >= self.resolved.config.timers.timers_per_shard_max {
             return Err(OpError::new(
@@ -392,6 +419,9 @@ impl Shard {
             }
             _ => Timer::new(head, "", "", &[]),
         };
+        let stored_factor = existing
+            .as_ref()
+            .map_or(0, |(_, old, _)| old.factor_requested);
         let old_due = existing.map(|(due, _, _)| due);
         let old = old_due.and_then(|_| store.remove(unique));
         if let Some(o) = &old {
@@ -406,7 +436,7 @@ impl Shard {
         if let Some(due) = placed {
             self.pop.wake_if_before(due);
         }
-        Ok(())
+        Ok(stored_factor)
     }
 
     /// Seed 003's informational timers: when an old-view live copy that
@@ -471,16 +501,18 @@ impl Shard {
     }
 
     /// Apply where the timer lives: here, or on its owner over the mesh.
+    /// Returns what [`Shard::apply`] does.
     pub async fn route_apply(
         &self,
         head: TimerHead,
         spec: Option<TimerSpec<'_>>,
         source: Source,
-    ) -> Result<(), OpError> {
+    ) -> Result<u8, OpError> {
         let owner = shard_of(head.id.unique, self.shards);
         if owner == self.id {
-            self.apply(head, spec.as_ref(), source)?;
-            return self.settle().await;
+            let stored_factor = self.apply(head, spec.as_ref(), source)?;
+            self.settle().await?;
+            return Ok(stored_factor);
         }
         ShardStats::add(&self.my_stats().mesh_forwarded, 1);
         let reply = self

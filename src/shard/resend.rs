@@ -127,17 +127,24 @@ impl Shard {
     fn resend_targets(&self, unique: u64, version: u64) -> Option<(u64, u64)> {
         let store = self.store.borrow();
         let (_, t) = store.get(unique)?;
-        // A body says the sender's current view, and a receiver takes a
-        // copy of its current view over one of an older view whatever the
-        // versions: a copy logged under a view since replaced (a reload
-        // while down) could undo a newer change there. Not sent: placing
-        // it under the new view is the resync's.
-        if t.version != version || t.view != self.view() {
+        if t.version != version {
+            return None;
+        }
+        self.resend_targets_of(t)
+    }
+
+    /// Where `t`, as it stands, is sent again (by a re-send or a repair),
+    /// or `None` if it is not.
+    pub(super) fn resend_targets_of(&self, t: &crate::timer::Timer) -> Option<(u64, u64)> {
+        // A copy logged under a view since replaced (a reload while down)
+        // is not sent: placing it under the new view is the resync's.
+        if t.view != self.view() {
             return None;
         }
         if t.sequence != 0 {
             return None;
         }
+        let unique = t.unique;
         let pl = self.placement(unique, self.resend_factor(t) as usize);
         // A tombstone on a node that is not a replica is not sent: it may
         // stand for a live change (a client's update answered here, kept
@@ -172,8 +179,17 @@ impl Shard {
         let Some((targets, site_slots)) = self.resend_targets(unique, version) else {
             return 0;
         };
+        self.resend_to(unique, targets, site_slots)
+    }
+
+    /// Queue `unique` as it now stands, marked `only-newer`, for the peers
+    /// in `targets` and the sites in `site_slots`. Returns the messages
+    /// queued.
+    pub(super) fn resend_to(&self, unique: u64, targets: u64, site_slots: u64) -> u64 {
         let store = self.store.borrow();
-        let (_, t) = store.get(unique).expect("just found");
+        let Some((_, t)) = store.get(unique) else {
+            return 0;
+        };
         let cluster = self.cluster();
         let pl = self.placement(unique, self.resend_factor(t) as usize);
         let (names, n) = pl.names(&cluster);
@@ -185,7 +201,9 @@ impl Shard {
         let tags = &tags[..tag_count];
         let mut body = body_of(&head, callback, tags, &names[..n], &sites, cluster.view_id);
         body.only_newer = true;
-        self.send_body(head.id, &body, targets);
+        if targets != 0 {
+            self.send_body(head.id, &body, targets);
+        }
         body.replicas = &[];
         let mut rest = site_slots;
         while rest != 0 {

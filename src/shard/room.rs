@@ -23,6 +23,8 @@ pub(super) enum Who {
     Resync,
     /// The re-send at start (`chronos::replication`).
     Resend,
+    /// The repair of a peer whose queue overflowed (`chronos::replication`).
+    Repair,
 }
 
 /// One bulk sender's view of one replicator's queues (to nodes, or to
@@ -73,7 +75,7 @@ impl Room {
                     Who::Resync => {
                         tracing::warn!(target: "chronos::resync", "{address}: its replication queue does not drain; not waited for again in this run")
                     }
-                    Who::Resend => {
+                    Who::Resend | Who::Repair => {
                         tracing::warn!(target: "chronos::replication", "{address}: its replication queue does not drain; the re-send at start no longer waits for it")
                     }
                 }

@@ -15,6 +15,11 @@ pub const PAST_VIEWS_MAX: usize = 4;
 /// fingerprint, and the fingerprints of the views held before.
 pub struct View {
     cluster: RefCell<Rc<Cluster>>,
+    /// The view before the last reload that changed it: a client's update
+    /// or delete also goes to a timer's replicas under it (issue 37), as a
+    /// resync may not have moved the timer yet (at worst, once it has, an
+    /// old replica keeps a needless tombstone for one tombstone life).
+    previous: RefCell<Option<Rc<Cluster>>>,
     local_peer: Cell<Option<usize>>,
     fingerprint: Cell<u32>,
     /// Newest first (`0`: none): a message of one of these is from an older
@@ -30,6 +35,7 @@ impl View {
             fingerprint: Cell::new(view_fingerprint(cluster.view_id)),
             past: Cell::new([0; PAST_VIEWS_MAX]),
             cluster: RefCell::new(Rc::new(cluster.clone())),
+            previous: RefCell::new(None),
         }
     }
 
@@ -46,6 +52,8 @@ impl View {
                 *v = 0;
             }
             self.past.set(past);
+            let before = self.cluster.borrow().clone();
+            *self.previous.borrow_mut() = Some(before);
         }
         self.fingerprint.set(new);
         *self.cluster.borrow_mut() = Rc::new(cluster.clone());
@@ -57,6 +65,11 @@ impl View {
 
     pub fn cluster(&self) -> Rc<Cluster> {
         self.cluster.borrow().clone()
+    }
+
+    /// The view before the last reload that changed it.
+    pub fn previous(&self) -> Option<Rc<Cluster>> {
+        self.previous.borrow().clone()
     }
 
     pub fn fingerprint(&self) -> u32 {

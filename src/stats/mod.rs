@@ -219,6 +219,9 @@ macro_rules! counters {
             pub storage_snapshot: Histogram,
             /// `[storage]`: the shard is replaying its log (not ready).
             pub recovering: std::sync::atomic::AtomicBool,
+            /// Shard 0's: the node is taking what its peers owe it before it
+            /// pops (`shard/handoff.rs`; not ready).
+            pub catching_up: std::sync::atomic::AtomicBool,
             /// A pop's due time until its callback's first byte was
             /// handed to the socket ([`POP_LATENESS_BOUNDS_US`]).
             pub pop_lateness: Histogram,
@@ -255,8 +258,9 @@ counters! {
     mesh_forwarded: "Requests forwarded to the owning shard over the cross-core mesh.",
     replication_enqueued: "Replication messages queued for a peer.",
     replication_sent: "Replication messages a peer answered with 2xx.",
-    replication_failed: "Replication messages given up: refused with a 4xx, or not delivered within replication-deliver-within-ms.",
-    replication_dropped: "Replication messages dropped because the peer's queue was full.",
+    replication_failed: "Replication messages given up: refused with a 4xx, or (to another site, or a peer that left the cluster) not delivered within the deliver-within bound. To a member nothing is given up.",
+    replication_dropped: "Replication messages dropped because the peer's queue was full (a member of the cluster is then repaired: chronos_replication_repaired_total).",
+    replication_repaired: "Replication messages queued by a repair: everything a shard holds for a member whose queue overflowed, sent once it answers again.",
     replication_retried: "Replication messages queued again after a failed or refused delivery.",
     replication_resent: "Replication messages queued again at start for the changes logged within the replication window before the node stopped (their queue was in memory).",
     replication_received: "Replication messages applied from other nodes.",

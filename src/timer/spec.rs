@@ -20,7 +20,7 @@ pub const REPLICAS_MAX: usize = super::NODES_MAX;
 pub const SITES_LISTED_MAX: usize = 16;
 
 /// A validated timer definition, public or internal (replication) form.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TimerSpec<'a> {
     pub interval_ms: u32,
     pub repeat_for_ms: u32,
@@ -36,7 +36,7 @@ pub struct TimerSpec<'a> {
 }
 
 /// The internal-API fields of a replication `PUT`.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Replication<'a> {
     pub start_time_delta_ms: i64,
     /// The incarnation's version, when the sender is a chronos of this project.

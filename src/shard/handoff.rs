@@ -1,0 +1,251 @@
+//! The hand-off at start (issue 37): a restarted node takes what its
+//! peers owe it before it pops.
+//!
+//! While a node is down its peers keep every replication message they
+//! owe it (a create, an update, a delete, a pop), queued in memory until
+//! it answers (`cluster/replicate.rs`; beyond a queue's bound, a repair:
+//! `shard/repair.rs`). A node restarted from its log holds the timers as
+//! they stood when it stopped: one deleted meanwhile would pop here before
+//! the delete arrives. So after every shard has replayed its log, shard 0
+//! asks every other node what it still owes this one
+//! (`GET /handoff?node=<this node>&wait-ms=<n>`): the peer answers once
+//! its shards owe nothing (every message delivered, no repair pending) or
+//! `wait-ms` has passed, with `{"owed":N,"repair":false}`. Until every
+//! peer said nothing is owed, or could not be reached (a peer that is
+//! down owes nothing it can deliver now), or [`CATCH_UP_MS_MAX`] passed,
+//! no shard pops and `/ready` answers `503 catching up`. Requests and
+//! replication are served meanwhile (that is how the owed messages
+//! arrive). A single node, or one without `[storage]` (it restarts
+//! empty), does not wait.
+//!
+//! Bounds: one request in flight per peer at a time (peers asked in
+//! turn), each within `replication-timeout-ms` plus its `wait-ms`; the
+//! whole wait within [`CATCH_UP_MS_MAX`].
+
+use super::mesh::{MeshMsg, Reply};
+use super::Shard;
+use crate::http::client::{Client, ClientConfig};
+use crate::http::tls;
+use crate::http::uri::percent_decode;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The longest a restarted node waits for its peers before it pops.
+pub const CATCH_UP_MS_MAX: u64 = 15_000;
+/// The longest one `GET /handoff` waits for its shards to owe nothing.
+pub const HANDOFF_WAIT_MS_MAX: u64 = 5_000;
+/// How often a waiting `GET /handoff`, and a shard waiting for the
+/// hand-off, look again.
+const POLL: Duration = Duration::from_millis(20);
+
+impl Shard {
+    /// What this node's shards still owe the node at `address`: messages
+    /// queued or being delivered, and whether any owes it a repair.
+    pub async fn owed_to(&self, address: &str) -> (usize, bool) {
+        let (mut owed, mut repair) = self.replicator.owed(address).unwrap_or((0, false));
+        for peer in (0..self.shards).filter(|p| *p != self.id) {
+            let node = address.to_string();
+            let asked = self.mesh.ask(peer, |reply| MeshMsg::Owed { node, reply });
+            if let Some(Reply::Owed(n, r)) = asked.await {
+                owed += n;
+                repair |= r;
+            }
+        }
+        (owed, repair)
+    }
+
+    /// `GET /handoff?node=<address>[&wait-ms=<n>]`: the JSON answer once
+    /// nothing is owed to that node or `wait-ms` (at most
+    /// [`HANDOFF_WAIT_MS_MAX`]) has passed; `Err` a status and reason.
+    pub async fn handoff(&self, query: &str) -> Result<String, (u16, String)> {
+        let (node, wait_ms) = handoff_query(query)?;
+        if self.cluster().peer_of(&node).is_none() {
+            return Err((404, format!("{node} is not a node of this cluster")));
+        }
+        let deadline = Instant::now() + Duration::from_millis(wait_ms);
+        loop {
+            let (owed, repair) = self.owed_to(&node).await;
+            let done = owed == 0 && !repair;
+            if done || Instant::now() >= deadline || self.gate.is_closing() {
+                return Ok(format!("{{\"owed\":{owed},\"repair\":{repair}}}"));
+            }
+            glommio::timer::sleep(POLL).await;
+        }
+    }
+}
+
+/// `node` and `wait-ms` (0 if absent, capped at [`HANDOFF_WAIT_MS_MAX`]).
+fn handoff_query(query: &str) -> Result<(String, u64), (u16, String)> {
+    let (mut node, mut wait_ms) = (None, 0u64);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v).ok_or((400, format!("{k}: bad percent-encoding")))?;
+        match k {
+            "node" => node = Some(v),
+            "wait-ms" => {
+                let digits = !v.is_empty() && v.len() <= 9 && v.bytes().all(|b| b.is_ascii_digit());
+                let ms: u64 = match digits {
+                    true => v.parse().unwrap_or(u64::MAX),
+                    false => return Err((400, format!("wait-ms {v:?} is not a number of ms"))),
+                };
+                wait_ms = ms.min(HANDOFF_WAIT_MS_MAX);
+            }
+            _ => {
+                return Err((
+                    400,
+                    format!("unknown parameter {k:?}; expected node, wait-ms"),
+                ))
+            }
+        }
+    }
+    let node = node.ok_or((400, "missing node".to_string()))?;
+    Ok((node, wait_ms))
+}
+
+/// Shard 0, once every shard has replayed its log: ask every other node
+/// for what it owes this one, then let every shard pop.
+pub async fn catch_up(shard: &Rc<Shard>) {
+    assert_eq!(shard.id, 0, "shard 0 runs the hand-off");
+    let started = Instant::now();
+    while shard.recovering() && !shard.gate.is_closing() {
+        glommio::timer::sleep(POLL).await;
+    }
+    let deadline = started + Duration::from_millis(CATCH_UP_MS_MAX);
+    let cluster = shard.cluster();
+    let timeout = Duration::from_millis(shard.resolved.config.cluster.replication_timeout_ms);
+    let client = Client::new(ClientConfig {
+        timeout: timeout + Duration::from_millis(HANDOFF_WAIT_MS_MAX),
+        connect_timeout: timeout.min(Duration::from_secs(1)),
+        per_host_max: 1,
+    })
+    .with_peer_tls(shard.resolved.peer_tls.as_ref().map(tls::for_shard));
+    let me = cluster.local_address.clone();
+    let mut waited_out = Vec::new();
+    for node in cluster.all_nodes().filter(|n| n.address != me) {
+        if !ask_until_settled(shard, &client, node, &me, deadline).await {
+            waited_out.push(node.address.clone());
+        }
+    }
+    let ms = started.elapsed().as_millis();
+    match waited_out.is_empty() {
+        true => {
+            tracing::info!(target: "chronos::replication", "caught up with the peers in {ms} ms: popping")
+        }
+        false => {
+            tracing::warn!(target: "chronos::replication", "still owed replication by {} after {ms} ms ({CATCH_UP_MS_MAX} ms at most): popping; what arrives later applies then", waited_out.join(", "))
+        }
+    }
+    shard.stats[0].catching_up.store(false, Ordering::Release);
+}
+
+/// Ask `node` until it owes this node nothing; `false` if it still did at
+/// `deadline`. A node that cannot be reached, or refuses the request (a
+/// build without the hand-off, another cluster view), owes nothing that
+/// could arrive now.
+async fn ask_until_settled(
+    shard: &Shard,
+    client: &Client,
+    node: &crate::cluster::Node,
+    me: &str,
+    deadline: Instant,
+) -> bool {
+    let mut headers: Vec<(&str, &[u8])> = Vec::new();
+    if let Some(value) = super::authorization(&shard.resolved) {
+        headers.push(("Authorization", value.as_bytes()));
+    }
+    let host = node.socket.ip().to_string();
+    while Instant::now() < deadline && !shard.gate.is_closing() {
+        let left_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+        let wait_ms = left_ms.min(HANDOFF_WAIT_MS_MAX);
+        let path = format!("/handoff?node={}&wait-ms={wait_ms}", encode(me));
+        let answer = client
+            .request(
+                &host,
+                node.socket.port(),
+                &node.address,
+                "GET",
+                &path,
+                &headers,
+                b"",
+                true,
+            )
+            .await;
+        match answer {
+            Ok(r) if r.status == 200 && settled(&r.body) => return true,
+            Ok(r) if r.status == 200 => continue,
+            Ok(r) => {
+                tracing::info!(target: "chronos::replication", "{}: the hand-off answered {}; not waited for", node.address, r.status);
+                return true;
+            }
+            Err(e) => {
+                tracing::info!(target: "chronos::replication", "{}: no hand-off ({e}); not waited for", node.address);
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Whether a hand-off answer says nothing is owed.
+fn settled(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Owed {
+        owed: u64,
+        repair: bool,
+    }
+    serde_json::from_slice::<Owed>(body).is_ok_and(|o| o.owed == 0 && !o.repair)
+}
+
+/// `address` as a query value (`[`, `]` of an IPv6 address encoded).
+fn encode(address: &str) -> String {
+    address
+        .replace('%', "%25")
+        .replace('[', "%5B")
+        .replace(']', "%5D")
+        .replace('&', "%26")
+}
+
+/// Every shard: wait until shard 0 has finished the hand-off.
+pub async fn wait_caught_up(shard: &Shard) {
+    while shard.stats[0].catching_up.load(Ordering::Acquire) && !shard.gate.is_closing() {
+        glommio::timer::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_query_names_a_node_and_a_bounded_wait() {
+        assert_eq!(
+            handoff_query("node=127.0.0.1:7253&wait-ms=100"),
+            Ok(("127.0.0.1:7253".to_string(), 100))
+        );
+        assert_eq!(
+            handoff_query("wait-ms=999999&node=%5B::1%5D:7253"),
+            Ok(("[::1]:7253".to_string(), HANDOFF_WAIT_MS_MAX))
+        );
+        assert_eq!(handoff_query("node=a:1"), Ok(("a:1".to_string(), 0)));
+        assert_eq!(handoff_query("").unwrap_err().0, 400);
+        assert_eq!(handoff_query("node=a:1&wait-ms=+5").unwrap_err().0, 400);
+        assert_eq!(handoff_query("node=a:1&x=1").unwrap_err().0, 400);
+    }
+
+    #[test]
+    fn only_nothing_owed_is_settled() {
+        assert!(settled(br#"{"owed":0,"repair":false}"#));
+        assert!(!settled(br#"{"owed":3,"repair":false}"#));
+        assert!(!settled(br#"{"owed":0,"repair":true}"#));
+        assert!(!settled(b"not json"));
+    }
+
+    #[test]
+    fn an_address_is_encoded_for_the_query() {
+        assert_eq!(encode("127.0.0.1:7253"), "127.0.0.1:7253");
+        assert_eq!(encode("[::1]:7253"), "%5B::1%5D:7253");
+    }
+}

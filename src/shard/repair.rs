@@ -1,0 +1,87 @@
+//! The repair of a peer whose replication queue overflowed (issue 37).
+//!
+//! A shard's queue to a peer is bounded in messages and bytes. To a
+//! member of the cluster nothing is given up by age, so while the peer is
+//! down or slow the queue fills; a message that does not fit is dropped
+//! (counted), and the peer is marked as owed a repair
+//! ([`Replicator::take_repair`]). Once its queue has drained below half
+//! its bound (the peer answers again), this shard sends it everything it
+//! holds that the peer is a replica of, as it now stands, the way a
+//! re-send after a start does (`shard/resend.rs`: client-made states only,
+//! marked `only-newer`, so a receiver applies them only over an older
+//! version): every create, update and delete the dropped messages carried
+//! is among them, or was superseded. A pop's outcome is not sent (a lost
+//! pop replication costs a duplicate at worst).
+//!
+//! Bounds: the store is scanned in slices of [`SLICE`] entries, breathing
+//! between slices; the candidates of one slice (16 B each) are the only
+//! memory held; each send waits for room in the peer's queue ([`Room`]).
+//! The loop looks for marks every [`POLL`].
+//!
+//! [`Replicator::take_repair`]: crate::cluster::replicate::Replicator::take_repair
+
+use super::room::{Room, Who};
+use super::Shard;
+use crate::runtime::bulk;
+use crate::stats::ShardStats;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// How often a shard looks for peers owed a repair.
+const POLL: Duration = Duration::from_millis(500);
+/// Store entries visited per slice of the scan.
+const SLICE: usize = 512;
+
+/// Repair the peers marked by the replicator, until shutdown.
+pub async fn repair_loop(shard: Rc<Shard>) {
+    loop {
+        if shard
+            .gate
+            .unless_closing(glommio::timer::sleep(POLL))
+            .await
+            .is_none()
+        {
+            return;
+        }
+        let peers = shard.replicator.take_repair();
+        if peers != 0 {
+            repair(&shard, peers).await;
+        }
+    }
+}
+
+/// Send every peer of `peers` (a mask) what this shard holds for it.
+async fn repair(shard: &Rc<Shard>, peers: u64) {
+    assert!(peers != 0, "a repair has a peer");
+    let names: Vec<String> = (0..64)
+        .filter(|i| peers & (1u64 << i) != 0)
+        .filter_map(|i| shard.replicator.address(i))
+        .collect();
+    tracing::info!(target: "chronos::replication", "shard {}: repairing {}: sending what this shard holds for it", shard.id, names.join(", "));
+    let mut room = Room::new(Who::Repair);
+    let mut candidates: Vec<(u64, u64)> = Vec::with_capacity(SLICE);
+    let (mut from, mut queued) = (Some(0usize), 0u64);
+    while let Some(start) = from {
+        candidates.clear();
+        from = shard.store.borrow().scan_slice(start, SLICE, |_, _, t| {
+            let targets = shard.resend_targets_of(t).map_or(0, |(p, _)| p) & peers;
+            if targets != 0 {
+                candidates.push((t.unique, targets));
+            }
+        });
+        for &(unique, targets) in &candidates {
+            if room
+                .wait(&shard.gate, &shard.replicator, targets)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            queued += shard.resend_to(unique, targets, 0);
+        }
+        ShardStats::add(&shard.my_stats().replication_repaired, queued);
+        queued = 0;
+        bulk::breathe().await;
+    }
+    tracing::info!(target: "chronos::replication", "shard {}: repair of {} done", shard.id, names.join(", "));
+}

@@ -1,0 +1,324 @@
+//! Issue 37: an acknowledged change stays in force. Each test is one of
+//! the issue's reproductions, with real processes on loopback addresses:
+//! a delete is never undone by a rolling reload, a grow, a replica that
+//! was down longer than `replication-deliver-within-ms`, or an answer
+//! from a node that is not one of the timer's replicas.
+//!
+//! "No deleted timer pops" is checked once no node can pop any more
+//! (`wait_pops_done`: no live copy left, every callback answered), not
+//! after a fixed sleep. The sleeps that remain are the scenario itself
+//! (a replica down for a while).
+
+mod common;
+
+use common::*;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// How long every node may take to have popped or dropped everything it
+/// holds, past the timers' own due times, on a loaded 2-core machine.
+const DONE_WITHIN: Duration = Duration::from_secs(40);
+/// The replication window these tests run with (the default is 30 s): a
+/// replica down longer than this is "down longer than the window".
+const DELIVER_WITHIN_MS: u64 = 2_000;
+
+fn addr(i: usize, port: u16) -> String {
+    format!("\"127.0.0.{i}:{port}\"")
+}
+
+/// Node `i`'s config with these member and joining lists, and `extra`.
+fn config(i: usize, port: u16, nodes: &[usize], joining: &[usize], extra: &str) -> String {
+    let list = |l: &[usize]| {
+        l.iter()
+            .map(|&k| addr(k, port))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "[runtime]\ncores = 1\n[cluster]\nlocalhost = {}\nnode = [{}]\njoining = [{}]\nreplication-deliver-within-ms = {DELIVER_WITHIN_MS}\n{extra}",
+        addr(i, port),
+        list(nodes),
+        list(joining),
+    )
+}
+
+fn start(i: usize, port: u16, config: &str) -> Node {
+    Node::start_at(&format!("127.0.0.{i}"), port, config)
+}
+
+/// How many reloads the node has logged.
+fn reloads(node: &Node) -> usize {
+    node.log_text().matches("cluster reloaded").count()
+}
+
+/// Rewrite a node's config, SIGHUP it, and wait until it logs the reload.
+fn reload(node: &Node, config: &str) {
+    let before = reloads(node);
+    std::fs::write(node.config_path(), config).unwrap();
+    node.signal(libc::SIGHUP);
+    wait_until("the reload", Duration::from_secs(10), || {
+        match reloads(node) > before {
+            true => Ok(()),
+            false => Err(format!("{before} reloads logged")),
+        }
+    });
+}
+
+fn body(interval: u64, uri: &str, opaque: &str, factor: Option<u32>) -> String {
+    let reliability = factor
+        .map(|f| format!(",\"reliability\":{{\"replication-factor\":{f}}}"))
+        .unwrap_or_default();
+    format!(
+        r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"{uri}","opaque":"{opaque}"}}}}{reliability}}}"#
+    )
+}
+
+fn delete_all(node: &Node, ids: &[String]) {
+    for id in ids {
+        let r = node.request("DELETE", &format!("/timers/{id}"), "");
+        assert_eq!(r.status, 200, "DELETE {id}: {}", r.text());
+    }
+}
+
+/// Wait until no node can pop again, then the pops under `prefix`.
+fn pops_once_done(sink: &Sink, nodes: &[&Node], prefix: &str) -> Vec<Pop> {
+    wait_pops_done(nodes, DONE_WITHIN);
+    sink.pops()
+        .into_iter()
+        .filter(|p| p.path.starts_with(prefix))
+        .collect()
+}
+
+fn paths(pops: &[Pop]) -> Vec<&str> {
+    pops.iter().map(|p| p.path.as_str()).collect()
+}
+
+/// Reproduction 2: during a rolling reload, a `DELETE` (and a `PUT`)
+/// taken by a node that has not reloaded yet is stamped with its older
+/// view; the reloaded node must still apply it (its version is newer).
+#[test]
+fn a_delete_or_update_through_a_node_not_yet_reloaded_is_kept() {
+    let port = cluster_port(3);
+    let a = start(1, port, &config(1, port, &[1, 2], &[], ""));
+    let b = start(2, port, &config(2, port, &[1, 2], &[], ""));
+    let sink = Sink::start(Behaviour::Ok);
+    // A joiner (never started) in A's config only: A's view moves on.
+    reload(&a, &config(1, port, &[1, 2], &[3], ""));
+    let deleted: Vec<String> = (0..20)
+        .map(|i| a.create(&body(5, &sink.uri(&format!("/d/{i}")), "d", None)))
+        .collect();
+    let updated: Vec<String> = (0..10)
+        .map(|i| a.create(&body(5, &sink.uri(&format!("/u/{i}")), "old", None)))
+        .collect();
+    delete_all(&b, &deleted);
+    for (i, id) in updated.iter().enumerate() {
+        let r = b.request(
+            "PUT",
+            &format!("/timers/{id}"),
+            &body(6, &sink.uri(&format!("/u/{i}")), "new", None),
+        );
+        assert_eq!(r.status, 200, "PUT {id}: {}", r.text());
+    }
+    // Every update pops (with its new body) before the nodes are done.
+    let pops = pops_once_done(&sink, &[&a, &b], "/");
+    let popped_deleted: Vec<&Pop> = pops.iter().filter(|p| p.path.starts_with("/d/")).collect();
+    assert!(
+        popped_deleted.is_empty(),
+        "{} deleted timers popped: {:?}",
+        popped_deleted.len(),
+        popped_deleted.iter().map(|p| &p.path).collect::<Vec<_>>()
+    );
+    let old: Vec<&Pop> = pops.iter().filter(|p| p.body.contains("old")).collect();
+    assert!(
+        old.is_empty(),
+        "replaced versions popped: {:?}",
+        paths(&pops)
+    );
+    let new = pops.iter().filter(|p| p.body.contains("new")).count();
+    assert!(new >= 10, "{new} of 10 updated timers popped");
+}
+
+/// Reproduction 3: the default factor is 1, the timers ask for 2; after
+/// seed 001's grow from two nodes to three, a `DELETE` reaches the
+/// replicas the resync gave each timer under its own factor.
+#[test]
+fn a_delete_after_a_grow_reaches_the_replicas_of_the_timers_own_factor() {
+    let port = cluster_port(3);
+    let factor_1 = "[timers]\ndefault-replication-factor = 1\n";
+    let a = start(1, port, &config(1, port, &[1, 2], &[], factor_1));
+    let b = start(2, port, &config(2, port, &[1, 2], &[], factor_1));
+    let sink = Sink::start(Behaviour::Ok);
+    let ids: Vec<String> = (0..30)
+        .map(|i| a.create(&body(20, &sink.uri(&format!("/g/{i}")), "g", Some(2))))
+        .collect();
+    let created = Instant::now();
+    // Step 1: every node learns of the joiner; the joiner starts.
+    reload(&a, &config(1, port, &[1, 2], &[3], factor_1));
+    reload(&b, &config(2, port, &[1, 2], &[3], factor_1));
+    let c = start(3, port, &config(3, port, &[1, 2], &[3], factor_1));
+    // Step 2: a resync on every node.
+    for node in [&a, &b, &c] {
+        resync_cli(node);
+    }
+    // Step 3: the joiner becomes a member.
+    reload(&a, &config(1, port, &[1, 2, 3], &[], factor_1));
+    reload(&b, &config(2, port, &[1, 2, 3], &[], factor_1));
+    reload(&c, &config(3, port, &[1, 2, 3], &[], factor_1));
+    assert!(
+        created.elapsed() < Duration::from_secs(15),
+        "the grow took {:?}: the timers may have popped already",
+        created.elapsed()
+    );
+    delete_all(&a, &ids);
+    let pops = pops_once_done(&sink, &[&a, &b, &c], "/g/");
+    assert!(
+        pops.is_empty(),
+        "{} pops of deleted timers: {:?}",
+        pops.len(),
+        paths(&pops)
+    );
+}
+
+fn resync_cli(node: &Node) {
+    let out = Command::new(env!("CARGO_BIN_EXE_chronos"))
+        .args(["resync", "--wait", "--address", &node.addr.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chronos resync --wait: {:?}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        node.log_text()
+    );
+}
+
+/// A fresh `[storage]` directory, removed at the end unless the test
+/// failed.
+struct Dir(std::path::PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let dir = std::env::temp_dir().join(format!(
+            "chronos-ack-{}-{name}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Dir(dir)
+    }
+
+    fn section(&self) -> String {
+        format!("[storage]\npath = \"{}\"\n", self.0.display())
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Reproduction 1: B (a replica of every timer, with `[storage]`) is
+/// killed; every timer is deleted through A; B is restarted from its log
+/// after longer than the replication window. No deleted timer pops: not
+/// those due after B is back, nor those that fell due while it was down.
+#[test]
+fn deletes_made_while_a_replica_was_down_longer_than_the_window_hold() {
+    let port = cluster_port(2);
+    let (dir_a, dir_b) = (Dir::new("a"), Dir::new("b"));
+    let config_a = config(1, port, &[1, 2], &[], &dir_a.section());
+    let config_b = config(2, port, &[1, 2], &[], &dir_b.section());
+    let a = start(1, port, &config_a);
+    let mut b = start(2, port, &config_b);
+    for node in [&a, &b] {
+        node.wait_ready_200(Duration::from_secs(20));
+    }
+    let sink = Sink::start(Behaviour::Ok);
+    // Due while B is down, and due once it is back.
+    let early: Vec<String> = (0..10)
+        .map(|i| a.create(&body(4, &sink.uri(&format!("/early/{i}")), "e", None)))
+        .collect();
+    let late: Vec<String> = (0..10)
+        .map(|i| a.create(&body(14, &sink.uri(&format!("/late/{i}")), "l", None)))
+        .collect();
+    a.wait_replication_settled(Duration::from_secs(10));
+    b.kill9();
+    delete_all(&a, &early);
+    delete_all(&a, &late);
+    // Down for over twice the window.
+    std::thread::sleep(Duration::from_millis(3 * DELIVER_WITHIN_MS + 1000));
+    let b = start(2, port, &config_b);
+    b.wait_ready_200(Duration::from_secs(30));
+    let pops = pops_once_done(&sink, &[&a, &b], "/");
+    assert!(
+        pops.is_empty(),
+        "{} pops of deleted timers: {:?}",
+        pops.len(),
+        paths(&pops)
+    );
+    assert_eq!(a.metric("chronos_replication_failed_total"), 0.0);
+}
+
+/// Reproduction 4: the timers' one replica (B, factor 1) is stopped while
+/// A, not a replica, answers `POST`s for them, for longer than the
+/// replication window. Every timer A acknowledged pops once B is back.
+#[test]
+fn a_post_answered_by_a_node_that_is_not_a_replica_is_never_lost() {
+    let port = cluster_port(2);
+    let factor_1 = "[timers]\ndefault-replication-factor = 1\n";
+    let a = start(1, port, &config(1, port, &[1, 2], &[], factor_1));
+    let b = start(2, port, &config(2, port, &[1, 2], &[], factor_1));
+    let sink = Sink::start(Behaviour::Ok);
+    b.signal(libc::SIGSTOP);
+    let posted = Instant::now();
+    // Each POST in its own thread: an answer may wait for the replica.
+    let handles: Vec<_> = (0..40)
+        .map(|i| {
+            let (addr, uri) = (a.addr, sink.uri(&format!("/p/{i}")));
+            std::thread::spawn(move || {
+                let r = request(
+                    addr,
+                    "POST",
+                    "/timers",
+                    &[],
+                    body(8, &uri, "p", None).as_bytes(),
+                );
+                (uri, r.status)
+            })
+        })
+        .collect();
+    sleep_until(posted + Duration::from_millis(2 * DELIVER_WITHIN_MS + 1000));
+    b.signal(libc::SIGCONT);
+    let answers: Vec<(String, u16)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let acknowledged: Vec<&String> = answers
+        .iter()
+        .filter(|(_, s)| *s == 200)
+        .map(|(u, _)| u)
+        .collect();
+    assert!(
+        answers.iter().all(|(_, s)| [200, 503].contains(s)),
+        "answers: {answers:?}"
+    );
+    let pops = pops_once_done(&sink, &[&a, &b], "/p/");
+    let popped: Vec<String> = pops
+        .iter()
+        .map(|p| format!("http://{}{}", sink.addr, p.path))
+        .collect();
+    let lost: Vec<&&String> = acknowledged
+        .iter()
+        .filter(|u| !popped.contains(u))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged timers never popped: {lost:?}",
+        lost.len(),
+        acknowledged.len()
+    );
+}
