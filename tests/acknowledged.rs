@@ -322,3 +322,56 @@ fn a_post_answered_by_a_node_that_is_not_a_replica_is_never_lost() {
         acknowledged.len()
     );
 }
+
+/// The node (1-based) that is the one replica (factor 1) of `id` in the
+/// two-node cluster on `port`, by the library's own placement.
+fn replica_of(id: &str, port: u16) -> usize {
+    let nodes: Vec<String> = (1..=2).map(|k| format!("127.0.0.{k}:{port}")).collect();
+    let cluster = chronos::cluster::Cluster::new(&nodes[0], &nodes, &[]).unwrap();
+    let unique = u64::from_str_radix(&id[..16], 16).unwrap();
+    cluster.replicas(unique, 1)[0] + 1
+}
+
+/// Reproduction 4, the graceful stop: A (not the replica) is stopped with
+/// SIGTERM while its `POST`s for B's timers wait on B (stopped). Every
+/// timer A answered 200 for, whose replica is B, pops once B is back.
+#[test]
+fn a_graceful_stop_of_a_node_that_is_not_a_replica_loses_no_acknowledged_timer() {
+    let port = cluster_port(2);
+    let factor_1 = "[timers]\ndefault-replication-factor = 1\n";
+    let a = start(1, port, &config(1, port, &[1, 2], &[], factor_1));
+    let b = start(2, port, &config(2, port, &[1, 2], &[], factor_1));
+    let sink = Sink::start(Behaviour::Ok);
+    b.signal(libc::SIGSTOP);
+    let handles: Vec<_> = (0..40)
+        .map(|i| {
+            let (addr, uri) = (a.addr, sink.uri(&format!("/s/{i}")));
+            std::thread::spawn(move || {
+                let b = body(6, &uri, "s", None);
+                let r = try_request(addr, "POST", "/timers", &[], b.as_bytes()).ok()?;
+                Some((format!("/s/{i}"), r))
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let status = a.terminate();
+    assert!(status.success(), "A's graceful stop: {status:?}");
+    b.signal(libc::SIGCONT);
+    let on_b: Vec<String> = handles
+        .into_iter()
+        .filter_map(|h| h.join().unwrap())
+        .filter(|(_, r)| r.status == 200 && replica_of(&r.location_id(), port) == 2)
+        .map(|(path, _)| path)
+        .collect();
+    let pops = pops_once_done(&sink, &[&b], "/s/");
+    let lost: Vec<&String> = on_b
+        .iter()
+        .filter(|path| !pops.iter().any(|p| &p.path == *path))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} timers acknowledged for B never popped: {lost:?}",
+        lost.len(),
+        on_b.len()
+    );
+}

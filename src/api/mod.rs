@@ -320,8 +320,9 @@ const POST_NEEDS_CALLBACK: &str = "callback must contain an \"http\" object with
 /// `POST /timers` with `[storage]`: answered once the timer is durable.
 async fn create_durable(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<TimerId, OpError> {
     shard.storage_admits()?;
-    let id = shard.create(s)?;
+    let (id, ticket) = shard.create(s)?;
     shard.settle().await?;
+    shard.replica_acked(id, ticket).await?;
     Ok(id)
 }
 

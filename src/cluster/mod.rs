@@ -10,6 +10,7 @@
 //!   filter is the OR of its replicas' filters; the cluster view ID is the OR
 //!   over every node of the (new) cluster, written in decimal.
 
+pub mod acks;
 pub mod replicate;
 pub mod sites;
 

@@ -20,7 +20,10 @@
 //! answered with a 5xx, 408 or 429, goes back to the front of its queue
 //! and is retried in order: to a member of the cluster until delivered or
 //! the peer leaves the cluster (issue 37: a replica down longer than the
-//! window used to miss the deletes made meanwhile, and popped them); to
+//! window used to miss the deletes made meanwhile, and popped them), except
+//! that a message the member answered and kept refusing for
+//! `deliver_within` is given up and the member owed a repair (so that one
+//! message it refuses for good cannot hold up every later one); to
 //! another site (or a peer that left) until delivered or `deliver_within`
 //! after it was queued (then it is given up and counted as failed). A
 //! member still owed messages past `deliver_within` is logged, once per
@@ -28,6 +31,7 @@
 //! create) is never delivered before an earlier one; the receiver's
 //! conflict rules discard what a later message superseded.
 
+use super::acks::{Acks, Ticket};
 use crate::http::client::Client;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
@@ -264,6 +268,11 @@ struct Message {
     delta_at: u32,
     /// The timer's start, engine-clock ms (the delta is counted from it).
     start_ms: u64,
+    /// The acknowledgement a client operation waits for (0: none).
+    ticket: Ticket,
+    /// The peer answered it with a status worth retrying (5xx, 408, 429):
+    /// it is alive and refuses this message.
+    refused: bool,
     /// Engine-clock ms it was first queued: past `deliver_within` a
     /// message to another site is given up, never sent (a tombstone may
     /// no longer stop it); one to a member is reported late.
@@ -389,6 +398,8 @@ pub struct Replicator {
     shard: usize,
     /// Reused body buffer.
     scratch: RefCell<Vec<u8>>,
+    /// The acknowledgements client operations wait for.
+    acks: Rc<Acks>,
 }
 
 impl Replicator {
@@ -423,6 +434,7 @@ impl Replicator {
             stats,
             shard,
             scratch: RefCell::new(Vec::with_capacity(1024)),
+            acks: Rc::new(Acks::default()),
         }
     }
 
@@ -454,6 +466,12 @@ impl Replicator {
             }
         }
         *current = next;
+    }
+
+    /// The acknowledgements client operations wait for: a ticket opened
+    /// before an operation's messages are queued covers them all.
+    pub fn acks(&self) -> &Acks {
+        &self.acks
     }
 
     /// The address of peer `i` (for a log line).
@@ -538,6 +556,7 @@ impl Replicator {
         let Some(p) = peers.get(peer) else {
             // Not a peer of the current view (a reload raced the caller).
             count(self.stats(), None, Count::Dropped, 1);
+            self.acks.settle(self.acks.queued(), false);
             return;
         };
         if p.queued.get() >= self.config.queue_max {
@@ -560,6 +579,8 @@ impl Replicator {
             end: 0,
             delta_at: delta_at as u32,
             start_ms,
+            ticket: self.acks.queued(),
+            refused: false,
             born_ms: now_ms,
         };
         let added = self.append(p, id, &scratch, message);
@@ -577,6 +598,7 @@ impl Replicator {
     /// cluster is marked for a repair (logged when first marked).
     fn drop_at_bound(&self, p: &Peer) {
         count(self.stats(), Some(p), Count::Dropped, 1);
+        self.acks.settle(self.acks.queued(), false);
         if self.config.sites || p.repair_owed.replace(true) {
             return;
         }
@@ -640,6 +662,7 @@ impl Replicator {
             config: self.config,
             stats: self.stats.clone(),
             shard: self.shard,
+            acks: self.acks.clone(),
         };
         self.gate.spawn(sender.run())
     }
@@ -653,6 +676,7 @@ struct Sender {
     config: ReplicatorConfig,
     stats: Arc<[ShardStats]>,
     shard: usize,
+    acks: Rc<Acks>,
 }
 
 impl Sender {
@@ -719,25 +743,35 @@ impl Sender {
     /// ago (counted as failed), to another site or a peer that left the
     /// cluster: a receiver's tombstone lives only that long (plus the
     /// timeout), so a create sent later could bring a deleted timer back.
-    /// Messages are queued in order, so they are a prefix. To a member
-    /// nothing is given up; lateness is logged once per outage.
+    /// Messages are queued in order, so they are a prefix. To a member,
+    /// only a prefix of messages it answered and kept refusing (5xx, 408,
+    /// 429) that long is given up, and the member is then owed a repair;
+    /// a message it never answered (down, stopped) is kept, and lateness
+    /// is logged once per outage.
     fn give_up_expired(&self, seg: &mut Segment) {
         let now_ms = clock::now_ms();
         let within_ms = self.config.deliver_within.as_millis() as u64;
+        let peer = &self.peer;
+        let member = !self.config.sites && !peer.retired.get();
+        // To a member, only what it answered and refused (it is alive, and
+        // a message it refuses for good would hold up every later one).
         let expired = seg
             .messages
             .iter()
-            .take_while(|m| m.born_ms + within_ms <= now_ms)
+            .take_while(|m| m.born_ms + within_ms <= now_ms && (m.refused || !member))
             .count();
+        let late = seg
+            .messages
+            .get(expired)
+            .is_some_and(|m| m.born_ms + within_ms <= now_ms);
+        if member && late && !peer.late_logged.replace(true) {
+            tracing::warn!(target: "chronos::replication", "to {}: messages queued over {within_ms} ms ago are still undelivered; they are kept until the peer answers or leaves the cluster", peer.address);
+        }
         if expired == 0 {
             return;
         }
-        let peer = &self.peer;
-        if !self.config.sites && !peer.retired.get() {
-            if !peer.late_logged.replace(true) {
-                tracing::warn!(target: "chronos::replication", "to {}: messages queued over {within_ms} ms ago are still undelivered; they are kept until the peer answers or leaves the cluster", peer.address);
-            }
-            return;
+        if member && !peer.repair_owed.replace(true) {
+            tracing::warn!(target: "chronos::replication", "to {}: {expired} messages it kept refusing for over {within_ms} ms are given up; this shard will send the peer everything it holds for it", peer.address);
         }
         count(
             &self.stats[self.shard],
@@ -746,6 +780,9 @@ impl Sender {
             expired as u64,
         );
         tracing::warn!(target: "chronos::replication", "to {}: {expired} messages given up, queued over {within_ms} ms ago", peer.address);
+        for m in &seg.messages[..expired] {
+            self.acks.settle(m.ticket, false);
+        }
         seg.drop_front(expired);
     }
 
@@ -766,6 +803,13 @@ impl Sender {
             .await;
         let sent = statuses.iter().filter(|s| (200..300).contains(*s)).count();
         self.record_lag(seg, statuses);
+        for (m, status) in seg.messages.iter().zip(statuses.iter()) {
+            match *status {
+                200..=299 => self.acks.settle(m.ticket, true),
+                s if is_final_refusal(s) => self.acks.settle(m.ticket, false),
+                _ => {}
+            }
+        }
         let refused = statuses.iter().filter(|s| is_final_refusal(**s)).count();
         log_forbidden(
             &peer.address,
@@ -816,6 +860,9 @@ impl Sender {
         let peer = &self.peer;
         if self.gate.is_closing() || peer.retired.get() {
             count(stats, Some(peer), Count::Failed, again.len() as u64);
+            for &i in &again {
+                self.acks.settle(seg.messages[i].ticket, false);
+            }
             tracing::warn!(target: "chronos::replication", "to {}: {} messages given up undelivered", peer.address, again.len());
             return;
         }
@@ -827,6 +874,7 @@ impl Sender {
             retry.bytes.extend_from_slice(seg.request(i));
             retry.messages.push(Message {
                 end: retry.bytes.len() as u32,
+                refused: seg.messages[i].refused || statuses.get(i).is_some(),
                 ..seg.messages[i]
             });
         }
@@ -1017,6 +1065,8 @@ mod tests {
                 end: seg.bytes.len() as u32,
                 delta_at: at as u32,
                 start_ms: 1_000 + i as u64,
+                ticket: 0,
+                refused: false,
                 born_ms,
             });
         }

@@ -7,12 +7,14 @@ use super::mesh::{MeshMsg, Reply};
 use super::replication::body_of;
 use super::view::Placement;
 use super::Shard;
+use crate::cluster::acks::Ticket;
 use crate::cluster::sites::{Sites, SITES_NONE};
 use crate::cluster::{address_bloom, NODES_MAX};
 use crate::runtime::clock;
 use crate::stats::ShardStats;
 use crate::timer::spec::TAGS_MAX;
 use crate::timer::{shard_of, view_fingerprint, Timer, TimerHead, TimerId, TimerSpec};
+use std::time::Duration;
 
 /// How long a tombstone lives when nobody told it the timer's interval.
 pub const TOMBSTONE_MS_DEFAULT: u64 = 10_000;
@@ -89,8 +91,10 @@ impl Shard {
     /// `POST /timers`: a new timer with an ID owned by this shard, stored
     /// here if this node is a replica and replicated to the other replicas.
     /// A node that is not a replica keeps nothing: the ID is new, so there
-    /// is nothing here for a tombstone to supersede.
-    pub fn create(&self, spec: &TimerSpec) -> Result<TimerId, OpError> {
+    /// is nothing here for a tombstone to supersede; the answer then waits
+    /// for a replica ([`Shard::replica_acked`] with the ticket returned;
+    /// 0 when this node is a replica).
+    pub fn create(&self, spec: &TimerSpec) -> Result<(TimerId, Ticket), OpError> {
         // One wall-clock read for the ID's ms and the version's µs.
         let now_us = clock::unix_us();
         let unique = self.store.borrow_mut().ids.next(now_us / 1000);
@@ -112,8 +116,49 @@ impl Shard {
         } else {
             ShardStats::add(&self.my_stats().timers_created, 1);
         }
+        let ticket = self.open_ticket(pl.my_index.is_none());
         self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()));
-        Ok(id)
+        self.replicator.acks().close_queueing();
+        Ok((id, ticket))
+    }
+
+    /// A ticket for the replication queued next, when this node is not a
+    /// replica (`needed`); 0 otherwise.
+    fn open_ticket(&self, needed: bool) -> Ticket {
+        match needed && self.has_peers() {
+            true => self.replicator.acks().open(),
+            false => 0,
+        }
+    }
+
+    /// Wait until a replica took a message of `ticket` (0: at once): a
+    /// node that is not one of a timer's replicas answers a client's
+    /// change only once a replica holds it (issue 37). Bounded by twice
+    /// `replication-timeout-ms` (a batch's timeout and a retry's); a `503`
+    /// after it says the change is still queued for the replicas.
+    pub async fn replica_acked(&self, id: TimerId, ticket: Ticket) -> Result<(), OpError> {
+        if ticket == 0 {
+            return Ok(());
+        }
+        let bound_ms = 2 * self.resolved.config.cluster.replication_timeout_ms;
+        let limit = glommio::timer::sleep(Duration::from_millis(bound_ms));
+        let acked = async { Some(self.replicator.acks().wait(ticket).await) };
+        let timed_out = async {
+            limit.await;
+            None
+        };
+        let id = String::from_utf8_lossy(&id.to_hex()).into_owned();
+        match futures_lite::future::or(acked, timed_out).await {
+            Some(Ok(())) => Ok(()),
+            Some(Err(())) => Err(OpError::new(
+                503,
+                format!("timer {id}: this node is not one of its replicas, and every replica refused its replication or it could not be queued: not stored; retry later"),
+            )),
+            None => Err(OpError::new(
+                503,
+                format!("timer {id}: this node is not one of its replicas, and none acknowledged its replication within {bound_ms} ms; it stays queued for them and may still take effect (repeat it, or DELETE the ID, to be sure)"),
+            )),
+        }
     }
 
     /// A node that is not one of a timer's replicas keeps nothing of it,
@@ -166,7 +211,10 @@ impl Shard {
         let local = pl.my_index.map(|_| spec.clone());
         let stored_factor = self.route_apply(head, local, Source::Client).await?;
         let targets = self.without_me(pl.mask() | self.holders(id, stored_factor));
+        let ticket = self.open_ticket(pl.my_index.is_none());
         self.replicate_spec(&head, &spec, &pl, targets);
+        self.replicator.acks().close_queueing();
+        self.replica_acked(new_id, ticket).await?;
         Ok(new_id)
     }
 
@@ -190,6 +238,9 @@ impl Shard {
         let stored_factor = self.route_apply(head, None, Source::Client).await?;
         let named = self.holders(id, stored_factor);
         let targets = self.without_me(named);
+        let factor = self.default_factor().max(stored_factor) as usize;
+        let replica = self.placement(id.unique, factor).my_index.is_some();
+        let ticket = self.open_ticket(!replica && targets != 0);
         if targets != 0 {
             let cluster = self.cluster();
             let mut names = [""; NODES_MAX];
@@ -202,8 +253,9 @@ impl Shard {
             }
             self.send_replication(&cluster, &head, ("", ""), &[], &names[..n], targets);
         }
+        self.replicator.acks().close_queueing();
         self.send_to_sites(&head, ("", ""), &[]);
-        Ok(())
+        self.replica_acked(id, ticket).await
     }
 
     /// Every node of the current view that may hold a copy of `id`, as a
