@@ -375,3 +375,32 @@ fn a_graceful_stop_of_a_node_that_is_not_a_replica_loses_no_acknowledged_timer()
         on_b.len()
     );
 }
+
+/// `GET /handoff`: what a node still owes another, as the restarted node
+/// asks it; a bad query is a 400 with its reason, an unknown node a 404.
+#[test]
+fn the_handoff_route_says_what_is_owed_and_refuses_bad_queries() {
+    let port = cluster_port(2);
+    let a = start(1, port, &config(1, port, &[1, 2], &[], ""));
+    let peer = format!("127.0.0.2:{port}");
+    // Node 2 never started: a create owes it one message.
+    let sink = Sink::start(Behaviour::Ok);
+    a.create(&body(600, &sink.uri("/h"), "h", None));
+    let r = a.request("GET", &format!("/handoff?node={peer}&wait-ms=100"), "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["owed"], 1, "{v}");
+    assert_eq!(v["repair"], false, "{v}");
+    for (query, status) in [
+        ("", 400),
+        ("node=127.0.0.9:1", 404),
+        ("node=127.0.0.2:1&wait-ms=x", 400),
+        ("node=127.0.0.2:1&other=1", 400),
+    ] {
+        let r = a.request("GET", &format!("/handoff?{query}"), "");
+        assert_eq!(r.status, status, "{query}: {}", r.text());
+        assert!(!r.body.is_empty(), "{query}: a reason");
+    }
+    let r = a.request("POST", &format!("/handoff?node={peer}"), "");
+    assert_eq!(r.status, 405);
+}

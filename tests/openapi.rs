@@ -24,6 +24,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/timers/{id}"),
     ("GET", "/cluster"),
     ("POST", "/resync"),
+    ("GET", "/handoff"),
     ("GET", "/metrics"),
     ("GET", "/ping"),
     ("HEAD", "/ping"),

@@ -8,13 +8,14 @@
 //! | `/timers/<32 hex>`    | `PUT`, `DELETE`   |
 //! | `/cluster`            | `GET`: the node's view and resync state |
 //! | `/resync`             | `POST`: start a resync (`chronos resync`) |
+//! | `/handoff`            | `GET`: what this node still owes a peer's replication (internal) |
 //! | `/ping`               | `GET`, `HEAD`     |
 //! | `/ready`              | `GET`, `HEAD`     |
 //! | `/metrics`            | `GET`             |
 //! | `/openapi.json`       | `GET`: [`OPENAPI`], this table as a contract |
 //!
 //! With `[cluster] shared-secret`, the internal API (replication and
-//! cross-site `PUT`s, the resync `GET` and `DELETE`) and the admin routes
+//! cross-site `PUT`s, the resync `GET` and `DELETE`, the hand-off) and the admin routes
 //! (`/cluster`, `/resync`, `/metrics`) need `Authorization: Bearer
 //! <secret>`; `/ping`, `/ready` and the client API stay open. Every error
 //! carries its reason in the body. A refused request is logged at warn,
@@ -93,6 +94,7 @@ fn route_of(req: &Request<'_>) -> usize {
         (Method::Delete, "/timers/references") => const { route_index("references_delete") },
         (Method::Get, "/cluster") => const { route_index("cluster") },
         (Method::Post, "/resync") => const { route_index("resync_post") },
+        (Method::Get, "/handoff") => const { route_index("handoff") },
         (Method::Get | Method::Head, "/ping") => const { route_index("ping") },
         (Method::Get | Method::Head, "/ready") => const { route_index("ready") },
         (Method::Get, "/metrics") => const { route_index("metrics") },

@@ -115,7 +115,7 @@ pub const REPLICATION_LAG_BOUNDS_US: [u64; 15] = [
 /// The `route` label of `chronos_http_request_duration_seconds`: a fixed
 /// set (the API's routes by method; everything else, 404s and 405s
 /// included, is `other`), so the series stay bounded.
-pub const ROUTES: [&str; 14] = [
+pub const ROUTES: [&str; 15] = [
     "timers_post",
     "timers_put",
     "timers_delete",
@@ -128,6 +128,7 @@ pub const ROUTES: [&str; 14] = [
     "metrics",
     "cluster",
     "resync_post",
+    "handoff",
     "openapi",
     "other",
 ];
