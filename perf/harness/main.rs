@@ -198,6 +198,9 @@ fn start_nodes(n: usize, cores: usize, extra: &str) -> Result<Nodes, String> {
     let mut children = Vec::new();
     let mut addrs = Vec::new();
     for i in 1..=n {
+        // `{node}` in the extra config is the node's number (a storage
+        // path of its own).
+        let extra = extra.replace("{node}", &i.to_string());
         let cfg = format!(
             "[http]\nbind-address = \"127.0.0.{i}\"\nbind-port = {port}\n[runtime]\ncores = {cores}\n[cluster]\nlocalhost = \"127.0.0.{i}:{port}\"\nnode = [{}]\n[log]\nlevel = \"warn\"\n{extra}",
             list.join(", ")
@@ -494,7 +497,8 @@ fn http_mode(a: &Args) -> Result<(), String> {
         }
         None => {
             // `--extra-config FILE`: TOML appended to each node's config
-            // (an A/B of any setting).
+            // (an A/B of any setting; `{node}` stands for the node's
+            // number, e.g. in a `[storage] path`).
             let extra = match a.flags.get("extra-config") {
                 Some(path) => std::fs::read_to_string(path)
                     .map_err(|e| format!("--extra-config {path}: {e}"))?,
