@@ -126,7 +126,52 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
         _layout: layout,
         announced,
     });
-    crate::runtime::run(&engine, hook, move |ctx| shard_main(ctx, node.clone()))
+    let stats = node.stats.clone();
+    crate::runtime::run(&engine, hook, move |ctx| shard_main(ctx, node.clone()))?;
+    match failed_storage(&stats) {
+        Some(why) => Err(format!(
+            "{why}: the node stopped (fail-stop); mend the disk, then start it again"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Why a shard's timer log failed, if one did.
+fn failed_storage(stats: &[ShardStats]) -> Option<String> {
+    let (index, s) = stats
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.storage_failed.load(Ordering::Acquire))?;
+    let why = s
+        .storage_failure
+        .lock()
+        .map(|w| w.clone())
+        .unwrap_or_default();
+    Some(format!("the timer log of shard {index} failed ({why})"))
+}
+
+/// How often shard 0 looks for a failed timer log.
+const STORAGE_WATCH: Duration = Duration::from_millis(20);
+
+/// Fail-stop (issue 38): once any shard's timer log has failed, the node
+/// pops and acknowledges nothing more (the shards check the flag), and
+/// shard 0 stops the node as SIGTERM does; `run` then exits non-zero, so
+/// that the other replicas pop its timers at their skew and systemd or
+/// the operator sees it.
+async fn watch_storage(shard: Rc<Shard>) {
+    assert_eq!(shard.id, 0, "shard 0 watches the logs");
+    while !shard.gate.is_closing() {
+        if shard.storage_failed() {
+            let why = failed_storage(&shard.stats).unwrap_or_default();
+            tracing::error!(target: "chronos::storage", "{why}: stopping the node (fail-stop); /ready answers 503 meanwhile");
+            // SAFETY: kill(2) on this process with a valid signal number;
+            // the signal thread turns it into the ordinary shutdown.
+            unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+            return;
+        }
+        let tick = glommio::timer::sleep(STORAGE_WATCH);
+        futures_lite::future::or(tick, shard.gate.closing()).await;
+    }
 }
 
 /// What every shard's log directory holds, read in parallel (one thread
@@ -192,6 +237,9 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
     gate.spawn(repair_loop(shard.clone()));
     if index == 0 {
         start_resync(&shard, node.resyncs.clone());
+        if node.resolved.config.storage.enabled() {
+            gate.spawn(watch_storage(shard.clone()));
+        }
     }
     if let Some(q) = &node.queue {
         QueueShard::start(q.clone(), index, node.stats.clone(), gate.clone());
@@ -356,7 +404,11 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
             source,
             reply,
         } => {
-            let applied = shard.apply(head, spec.as_deref(), source);
+            // The owner checks its node's storage itself: the shard that
+            // took the request checked only its own moment (issue 38).
+            let applied = shard
+                .storage_admits()
+                .and_then(|()| shard.apply(head, spec.as_deref(), source));
             match shard.log() {
                 // With a log, the answer waits until the change is durable.
                 Some(log) if applied.is_ok() && log.waits() => {

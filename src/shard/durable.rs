@@ -39,9 +39,44 @@ impl Shard {
             .any(|s| s.recovering.load(Ordering::Relaxed))
     }
 
-    /// Whether a change may be made now: not while recovering, not when
-    /// the log is behind the disk or has failed (`503` with the reason).
+    /// Whether any shard's log failed (a few atomic loads: the pop loop
+    /// asks every turn).
+    pub fn storage_failed(&self) -> bool {
+        self.stats
+            .iter()
+            .any(|s| s.storage_failed.load(Ordering::Acquire))
+    }
+
+    /// Why any shard's log failed, if one did: then this node pops and
+    /// acknowledges nothing more, and stops (fail-stop, issue 38).
+    pub fn storage_failure(&self) -> Option<String> {
+        let failed = self
+            .stats
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.storage_failed.load(Ordering::Acquire))?;
+        let why = failed
+            .1
+            .storage_failure
+            .lock()
+            .map(|w| w.clone())
+            .unwrap_or_default();
+        Some(format!(
+            "the timer log of shard {} failed ({why})",
+            failed.0
+        ))
+    }
+
+    /// Whether a change may be made now: not once any shard's log has
+    /// failed, not while recovering, not when the log is behind the disk
+    /// (`503` with the reason).
     pub fn storage_admits(&self) -> Result<(), OpError> {
+        if let Some(why) = self.storage_failure() {
+            return Err(OpError::new(
+                503,
+                format!("{why}: this node acknowledges nothing more and is stopping"),
+            ));
+        }
         if self.recovering() {
             return Err(OpError::new(
                 503,
@@ -69,6 +104,14 @@ impl Shard {
         if log.is_closed() {
             // Shutting down: a change made now is not logged.
             return Err(OpError::new(503, "shutting down: the timer log is closed"));
+        }
+        // Any shard's: a change forwarded here may have been logged on a
+        // shard whose log failed since.
+        if let Some(why) = self.storage_failure() {
+            return Err(OpError::new(
+                503,
+                format!("{why}: the change may not be durable"),
+            ));
         }
         log.durable(log.last_lsn()).await.map_err(|why| {
             OpError::new(

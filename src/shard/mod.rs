@@ -277,6 +277,9 @@ impl Shard {
             .iter()
             .filter(|s| !s.up.load(Ordering::Relaxed))
             .count();
+        if let Some(why) = self.storage_failure() {
+            return Err(format!("storage failed: {why}; this node is stopping"));
+        }
         if self.recovering() {
             return Err("recovering: replaying the timer log".into());
         }

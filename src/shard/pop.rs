@@ -262,6 +262,13 @@ pub async fn pop_loop(shard: Rc<Shard>) {
         // the wheel (late, not lost) until a callback finishes; with the
         // timer log behind the disk, until it catches up.
         let room = in_flight_max.saturating_sub(pop.in_flight.get());
+        if shard.storage_failed() {
+            // Fail-stop (issue 38): a pop that cannot be logged may be
+            // repeated; the node is stopping, and the other replicas pop
+            // at their skew.
+            shard.gate.closing().await;
+            break;
+        }
         if shard.log().is_some_and(|l| l.is_behind()) {
             let wait = rearm(&mut timer, Duration::from_millis(LOG_BEHIND_WAIT_MS));
             future::or(wait, shard.gate.closing()).await;

@@ -77,7 +77,10 @@ impl Store {
             let image = image_of(due_ms, timer);
             let mut pairs = [("", 0u32); TAGS_MAX];
             let n = self.tag_pairs(timer, &mut pairs);
-            log.put(&image, pairs[..n].iter().copied());
+            // `Err`: the log failed or closed. Nothing made since is
+            // acknowledged (every durability wait fails), and a failed
+            // log stops the node (fail-stop, `shard/durable.rs`).
+            let _ = log.put(&image, pairs[..n].iter().copied());
         }
     }
 
@@ -90,7 +93,8 @@ impl Store {
         match self.get(unique) {
             Some((due, t)) => self.log_put(due, t),
             None => {
-                log.remove(unique);
+                // As in `log_put`.
+                let _ = log.remove(unique);
             }
         }
     }
@@ -199,7 +203,8 @@ impl Store {
     pub fn remove(&mut self, unique: u64) -> Option<Timer> {
         let timer = self.remove_unlogged(unique)?;
         if let Some(log) = &self.log {
-            log.remove(unique);
+            // As in `log_put`.
+            let _ = log.remove(unique);
         }
         Some(timer)
     }

@@ -220,6 +220,12 @@ macro_rules! counters {
             pub storage_snapshot: Histogram,
             /// `[storage]`: the shard is replaying its log (not ready).
             pub recovering: std::sync::atomic::AtomicBool,
+            /// `[storage]`: why the shard's log stopped (a failed write,
+            /// sync or segment; empty: it did not). Set once; the node then
+            /// pops and acknowledges nothing more, and stops (issue 38).
+            pub storage_failure: std::sync::Mutex<String>,
+            /// Set with `storage_failure` (read on every change and pop).
+            pub storage_failed: std::sync::atomic::AtomicBool,
             /// Shard 0's: the node is taking what its peers owe it before it
             /// pops (`shard/handoff.rs`; not ready).
             pub catching_up: std::sync::atomic::AtomicBool,
@@ -616,6 +622,11 @@ fn storage_metrics(out: &mut String, shards: &[ShardStats]) {
         .min();
     let age = oldest.map_or(-1.0, |ms| (now_ms - ms).max(0) as f64 / 1000.0);
     let _ = writeln!(out, "# HELP chronos_storage_snapshot_age_seconds Age of the oldest shard's last snapshot (-1: none yet).\n# TYPE chronos_storage_snapshot_age_seconds gauge\nchronos_storage_snapshot_age_seconds {age}");
+    let failed = shards
+        .iter()
+        .filter(|s| s.storage_failed.load(Relaxed))
+        .count();
+    let _ = writeln!(out, "# HELP chronos_storage_failed Shards whose timer log failed (a write, sync or new segment): the node pops and acknowledges nothing more, and stops.\n# TYPE chronos_storage_failed gauge\nchronos_storage_failed {failed}");
     histogram(
         out,
         shards,

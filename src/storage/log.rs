@@ -44,6 +44,8 @@ pub struct Resume {
 /// The flusher's file: the current segment.
 struct Segment {
     file: DmaFile,
+    /// Its path (named in errors).
+    path: PathBuf,
     /// Where the next batch goes (a block boundary).
     offset: u64,
 }
@@ -109,27 +111,29 @@ impl Log {
         lsn
     }
 
-    /// Append a PUT of one incarnation; returns its LSN. Dropped once the
-    /// log has failed (the timers live on in memory; writes get 503).
-    pub fn put<'t>(&self, image: &Image<'_>, tags: impl Iterator<Item = (&'t str, u32)>) -> u64 {
-        if self.stopped() {
-            return self.last_lsn();
-        }
+    /// Append a PUT of one incarnation; returns its LSN, or why the log
+    /// takes nothing more (it failed or closed): then no wait for
+    /// durability succeeds either ([`Log::durable`]), so nothing made
+    /// since is acknowledged.
+    pub fn put<'t>(
+        &self,
+        image: &Image<'_>,
+        tags: impl Iterator<Item = (&'t str, u32)>,
+    ) -> Result<u64, String> {
+        self.stopped()?;
         let lsn = self.next();
         record::put(&mut self.pending.borrow_mut(), lsn, image, tags);
         self.appended();
-        lsn
+        Ok(lsn)
     }
 
-    /// Append a REMOVE; returns its LSN (dropped as `put`).
-    pub fn remove(&self, unique: u64) -> u64 {
-        if self.stopped() {
-            return self.last_lsn();
-        }
+    /// Append a REMOVE; returns its LSN, or why not (as `put`).
+    pub fn remove(&self, unique: u64) -> Result<u64, String> {
+        self.stopped()?;
         let lsn = self.next();
         record::remove(&mut self.pending.borrow_mut(), lsn, unique);
         self.appended();
-        lsn
+        Ok(lsn)
     }
 
     /// Whether [`Log::close`] was called (changes are no longer logged).
@@ -143,9 +147,15 @@ impl Log {
         self.cfg.sync == SyncMode::Batch
     }
 
-    /// Failed or closed: appends are dropped (nothing would write them).
-    fn stopped(&self) -> bool {
-        self.closed.get() || self.failed.borrow().is_some()
+    /// `Err` once failed or closed: nothing would write an append.
+    fn stopped(&self) -> Result<(), String> {
+        if let Some(why) = self.failed.borrow().as_ref() {
+            return Err(format!("the timer log failed: {why}"));
+        }
+        match self.closed.get() {
+            true => Err("the timer log is closed (shutting down)".into()),
+            false => Ok(()),
+        }
     }
 
     /// Whether the disk is behind: more than `pending-bytes-max` waits to
@@ -213,8 +223,18 @@ impl Log {
         }
     }
 
+    /// Stop for good (fail-stop, issue 38): every wait for durability
+    /// fails from now on, and the node-wide flag tells the shards to pop
+    /// and acknowledge nothing more and the node to stop.
     fn fail(&self, why: String) {
-        tracing::error!(target: "chronos::storage", "shard {}: the timer log failed: {why}; writes are refused until a restart", self.shard);
+        tracing::error!(target: "chronos::storage", "shard {}: the timer log failed: {why}; this node pops and acknowledges nothing more, and stops", self.shard);
+        let stats = self.my_stats();
+        if let Ok(mut failure) = stats.storage_failure.lock() {
+            *failure = why.clone();
+        }
+        stats
+            .storage_failed
+            .store(true, std::sync::atomic::Ordering::Release);
         *self.failed.borrow_mut() = Some(why);
         self.wake_waiters();
     }
@@ -230,11 +250,14 @@ impl Future for Durable<'_> {
     type Output = Result<(), String>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let log = self.log;
-        if log.cfg.sync == SyncMode::None || log.durable_lsn.get() >= self.lsn {
-            return Poll::Ready(Ok(()));
-        }
+        // Failure first: once the log failed, what it dropped may carry an
+        // LSN at or below the durable one (issue 38: 16 of 26 forwarded
+        // deletes were acknowledged unlogged).
         if let Some(why) = log.failed.borrow().as_ref() {
             return Poll::Ready(Err(why.clone()));
+        }
+        if log.cfg.sync == SyncMode::None || log.durable_lsn.get() >= self.lsn {
+            return Poll::Ready(Ok(()));
         }
         log.waiters.borrow_mut().push(cx.waker().clone());
         Poll::Pending
@@ -329,10 +352,17 @@ async fn write_synced(log: &Log, segment: &mut Segment, bytes: &[u8]) -> Result<
         .file
         .write_at(buf, segment.offset)
         .await
-        .map_err(|e| format!("write at offset {}: {e}", segment.offset))?;
+        .map_err(|e| {
+            format!(
+                "write {} at offset {}: {e}",
+                segment.path.display(),
+                segment.offset
+            )
+        })?;
     if wrote != bytes.len() {
         return Err(format!(
-            "short write at offset {}: {wrote} of {} bytes",
+            "short write {} at offset {}: {wrote} of {} bytes",
+            segment.path.display(),
             segment.offset,
             bytes.len()
         ));
@@ -342,7 +372,7 @@ async fn write_synced(log: &Log, segment: &mut Segment, bytes: &[u8]) -> Result<
         .file
         .fdatasync()
         .await
-        .map_err(|e| format!("fdatasync: {e}"))?;
+        .map_err(|e| format!("fdatasync {}: {e}", segment.path.display()))?;
     let stats = log.my_stats();
     stats.record_storage_sync(started.elapsed());
     ShardStats::add(&stats.storage_syncs, 1);
@@ -377,7 +407,11 @@ async fn create_segment(log: &Log, path: PathBuf) -> Result<Segment, String> {
         .await
         .map_err(|e| format!("fallocate {}: {e}", path.display()))?;
     super::sync_dir(&log.dir).await?;
-    Ok(Segment { file, offset: 0 })
+    Ok(Segment {
+        file,
+        path,
+        offset: 0,
+    })
 }
 
 async fn open_segment(log: &Log, resume: &Resume) -> Result<Segment, String> {
@@ -395,6 +429,7 @@ async fn open_segment(log: &Log, resume: &Resume) -> Result<Segment, String> {
                 .map_err(|e| format!("open {}: {e}", path.display()))?;
             Ok(Segment {
                 file,
+                path: path.clone(),
                 offset: *offset,
             })
         }
