@@ -411,7 +411,7 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
                 .and_then(|()| shard.apply(head, spec.as_deref(), source));
             match shard.log() {
                 // With a log, the answer waits until the change is durable.
-                Some(log) if applied.is_ok() && log.waits() => {
+                Some(_) if applied.is_ok() => {
                     let shard = shard.clone();
                     glommio::spawn_local(async move {
                         let settled = shard.settle().await.and(applied);

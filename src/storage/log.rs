@@ -6,7 +6,10 @@
 //! current segment (`DmaFile`, O_DIRECT, its own aligned buffer, so a
 //! durable block is never rewritten), then `fdatasync`s it. One sync is in
 //! flight at a time; the next starts as soon as it ends. Requests wait for
-//! [`Log::durable`] of their change with `sync = "batch"`.
+//! [`Log::durable`] of their change: with `sync = "batch"` until its batch
+//! is synced; with `"none"` until it is written (O_DIRECT: it has left the
+//! process, so a crash of the process alone loses nothing answered), the
+//! sync following within `group-commit-us`.
 //!
 //! Bounds: `pending-bytes-max` of records not yet written (beyond it
 //! [`Log::has_room`] is false: clients get 503, pops wait); waiters are
@@ -58,6 +61,8 @@ pub struct Log {
     next_lsn: Cell<u64>,
     /// Every record up to this LSN is on disk.
     durable_lsn: Cell<u64>,
+    /// Every record up to this LSN is written (synced or not).
+    written_lsn: Cell<u64>,
     last_crc: Cell<u32>,
     /// The first I/O error: the log stops, writes get 503.
     failed: RefCell<Option<String>>,
@@ -88,6 +93,7 @@ impl Log {
             pending: RefCell::new(Vec::with_capacity(cfg.group_commit_bytes)),
             next_lsn: Cell::new(resume.next_lsn),
             durable_lsn: Cell::new(resume.next_lsn - 1),
+            written_lsn: Cell::new(resume.next_lsn - 1),
             last_crc: Cell::new(resume.last_crc),
             failed: RefCell::new(None),
             closed: Cell::new(false),
@@ -139,12 +145,6 @@ impl Log {
     /// Whether [`Log::close`] was called (changes are no longer logged).
     pub fn is_closed(&self) -> bool {
         self.closed.get()
-    }
-
-    /// Whether a change is answered only once it is on disk
-    /// (`sync = "batch"`): only then does an answer wait for the flusher.
-    pub fn waits(&self) -> bool {
-        self.cfg.sync == SyncMode::Batch
     }
 
     /// `Err` once failed or closed: nothing would write an append.
@@ -240,7 +240,8 @@ impl Log {
     }
 }
 
-/// [`Log::durable`]'s future: `Err` when the log failed or closed first.
+/// [`Log::durable`]'s future: `Err` when the log failed or closed first;
+/// with `sync = "none"` it waits for the write, not the sync.
 pub struct Durable<'a> {
     log: &'a Log,
     lsn: u64,
@@ -256,7 +257,11 @@ impl Future for Durable<'_> {
         if let Some(why) = log.failed.borrow().as_ref() {
             return Poll::Ready(Err(why.clone()));
         }
-        if log.cfg.sync == SyncMode::None || log.durable_lsn.get() >= self.lsn {
+        let reached = match log.cfg.sync {
+            SyncMode::Batch => log.durable_lsn.get(),
+            SyncMode::None => log.written_lsn.get(),
+        };
+        if reached >= self.lsn {
             return Poll::Ready(Ok(()));
         }
         log.waiters.borrow_mut().push(cx.waker().clone());
@@ -272,8 +277,19 @@ pub async fn flusher(log: Rc<Log>, resume: Resume) {
         Err(e) => return log.fail(e),
     };
     let mut batch: Vec<u8> = Vec::with_capacity(log.cfg.group_commit_bytes);
+    // `sync = "none"`: when the oldest write not yet synced was made.
+    let mut unsynced_since: Option<Instant> = None;
     loop {
         if log.pending.borrow().is_empty() {
+            if let Some(since) = unsynced_since {
+                if let Err(e) = sync_when_due(&log, &mut segment, since).await {
+                    return log.fail(e);
+                }
+                if log.durable_lsn.get() == log.written_lsn.get() {
+                    unsynced_since = None;
+                }
+                continue;
+            }
             if log.closed.get() {
                 break;
             }
@@ -283,33 +299,58 @@ pub async fn flusher(log: Rc<Log>, resume: Resume) {
         gather(&log).await;
         std::mem::swap(&mut *log.pending.borrow_mut(), &mut batch);
         let last = log.last_lsn();
-        let wrote = write_batch(&log, &mut segment, &mut batch).await;
+        let window = Duration::from_micros(log.cfg.group_commit_us);
+        let sync = log.cfg.sync == SyncMode::Batch
+            || unsynced_since.is_some_and(|since| since.elapsed() >= window);
+        let wrote = write_batch(&log, &mut segment, &mut batch, sync).await;
         batch.clear();
-        match wrote {
-            Ok(()) => {
+        if let Err(e) = wrote {
+            return log.fail(e);
+        }
+        log.written_lsn.set(last);
+        match sync {
+            true => {
                 log.durable_lsn.set(last);
-                log.wake_waiters();
-                if log.wants_snapshot() {
-                    log.compact.notify();
-                }
+                unsynced_since = None;
             }
-            Err(e) => return log.fail(e),
+            false => {
+                unsynced_since.get_or_insert_with(Instant::now);
+            }
+        }
+        log.wake_waiters();
+        if log.wants_snapshot() {
+            log.compact.notify();
         }
     }
     log.wake_waiters();
 }
 
-/// Let more changes join the batch: with `sync = "batch"`, while each turn
-/// of the executor adds some, up to `group-commit-us` and
-/// `group-commit-bytes`; with `"none"`, for the whole window.
+/// `sync = "none"`, nothing pending: `fdatasync` what was written once
+/// `group-commit-us` has passed since the oldest unsynced write (at once
+/// when closing), or return early when more changes arrive.
+async fn sync_when_due(log: &Log, segment: &mut Segment, since: Instant) -> Result<(), String> {
+    let window = Duration::from_micros(log.cfg.group_commit_us);
+    let left = window.saturating_sub(since.elapsed());
+    if !left.is_zero() && !log.closed.get() {
+        let more = log.wake.wait();
+        futures_lite::future::or(more, glommio::timer::sleep(left)).await;
+        if !log.pending.borrow().is_empty() || since.elapsed() < window {
+            return Ok(());
+        }
+    }
+    let written = log.written_lsn.get();
+    sync_segment(log, segment).await?;
+    log.durable_lsn.set(written);
+    log.wake_waiters();
+    Ok(())
+}
+
+/// Let more changes join the batch while each turn of the executor adds
+/// some, up to `group-commit-us` and `group-commit-bytes`. Either mode
+/// answers only once its change is written, so a batch never waits for
+/// the whole window.
 async fn gather(log: &Log) {
     let window = Duration::from_micros(log.cfg.group_commit_us);
-    if log.cfg.sync == SyncMode::None {
-        if !log.closed.get() {
-            glommio::timer::sleep(window).await;
-        }
-        return;
-    }
     let started = Instant::now();
     loop {
         let before = log.pending.borrow().len();
@@ -321,9 +362,14 @@ async fn gather(log: &Log) {
     }
 }
 
-/// Write one batch (ended by its COMMIT) and sync it; rotate to a new
-/// segment first when it would not fit.
-async fn write_batch(log: &Log, segment: &mut Segment, batch: &mut Vec<u8>) -> Result<(), String> {
+/// Write one batch (ended by its COMMIT), and sync it if `sync`; rotate
+/// to a new segment first when it would not fit.
+async fn write_batch(
+    log: &Log,
+    segment: &mut Segment,
+    batch: &mut Vec<u8>,
+    sync: bool,
+) -> Result<(), String> {
     let first_lsn = record::first_lsn(batch);
     record::commit(batch, 0, 0);
     let room = log.cfg.segment_bytes.saturating_sub(BLOCK_BYTES as u64);
@@ -331,7 +377,10 @@ async fn write_batch(log: &Log, segment: &mut Segment, batch: &mut Vec<u8>) -> R
         *segment = rotate(log, segment, first_lsn).await?;
     }
     let crc = record::stamp(batch, log.last_crc.get(), first_lsn);
-    write_synced(log, segment, batch).await?;
+    write_at(log, segment, batch).await?;
+    if sync {
+        sync_segment(log, segment).await?;
+    }
     log.last_crc.set(crc);
     log.since_snapshot_bytes
         .set(log.since_snapshot_bytes.get() + batch.len() as u64);
@@ -343,8 +392,8 @@ async fn write_batch(log: &Log, segment: &mut Segment, batch: &mut Vec<u8>) -> R
     Ok(())
 }
 
-/// Write `bytes` (whole blocks) at the segment's offset, then fdatasync.
-async fn write_synced(log: &Log, segment: &mut Segment, bytes: &[u8]) -> Result<(), String> {
+/// Write `bytes` (whole blocks) at the segment's offset.
+async fn write_at(log: &Log, segment: &mut Segment, bytes: &[u8]) -> Result<(), String> {
     assert!(bytes.len().is_multiple_of(BLOCK_BYTES), "whole blocks");
     let mut buf = segment.file.alloc_dma_buffer(bytes.len());
     buf.as_bytes_mut().copy_from_slice(bytes);
@@ -367,6 +416,13 @@ async fn write_synced(log: &Log, segment: &mut Segment, bytes: &[u8]) -> Result<
             bytes.len()
         ));
     }
+    ShardStats::add(&log.my_stats().storage_bytes, bytes.len() as u64);
+    segment.offset += bytes.len() as u64;
+    Ok(())
+}
+
+/// `fdatasync` the segment (everything written to it so far).
+async fn sync_segment(log: &Log, segment: &mut Segment) -> Result<(), String> {
     let started = Instant::now();
     segment
         .file
@@ -376,8 +432,6 @@ async fn write_synced(log: &Log, segment: &mut Segment, bytes: &[u8]) -> Result<
     let stats = log.my_stats();
     stats.record_storage_sync(started.elapsed());
     ShardStats::add(&stats.storage_syncs, 1);
-    ShardStats::add(&stats.storage_bytes, bytes.len() as u64);
-    segment.offset += bytes.len() as u64;
     Ok(())
 }
 
@@ -390,7 +444,8 @@ async fn rotate(log: &Log, old: &mut Segment, first_lsn: u64) -> Result<Segment,
     record::finish(&mut seal, at);
     record::commit(&mut seal, 0, 0);
     let crc = record::stamp(&mut seal, log.last_crc.get(), first_lsn);
-    write_synced(log, old, &seal).await?;
+    write_at(log, old, &seal).await?;
+    sync_segment(log, old).await?;
     log.last_crc.set(crc);
     create_segment(log, log.dir.join(segment_name(first_lsn))).await
 }
