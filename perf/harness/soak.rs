@@ -1,31 +1,47 @@
-//! `chronos-perf soak`: the fault soak (issue 21, item 6).
+//! `chronos-perf soak`: the fault soak (issue 21 item 6, issue 37 item 5).
 //!
 //! ```text
 //! chronos-perf soak [--duration-s 60] [--rate 200] [--seed N] [--cores 1]
-//!                   [--no-storage] [--keep] [--loopback]
+//!                   [--no-storage] [--keep] [--loopback] [--no-resize]
+//!                   [--replication-factor 2]
 //! ```
 //!
-//! Three chronos nodes (replication factor 2), each with `[storage] path`
-//! (unless `--no-storage`), take a steady load for `--duration-s`: creates
-//! of one-shot timers due 2-6 s ahead and deletes of a quarter of the
-//! acknowledged ones (each sent at least 1 s before its timer is due), at
-//! `--rate` requests/s in all, to a random member, each timer calling back
-//! into a sink in this process. A nemesis makes one fault at a time and
-//! waits for recovery before the next (every node `/ready` 200, a
-//! restarted node's start-up resync finished, at most 50 replication
-//! messages outstanding per node): kill -9 and restart one node; a net
-//! split (one node cut off from the others for 4-8 s, in network
-//! namespaces; skipped, loudly, where they cannot be made); a grow to four
-//! nodes by SIGHUP and resync, and later a shrink back; and once per run
-//! kill -9 of every node and a restart of all.
+//! Three chronos nodes (`default-replication-factor` 2, or
+//! `--replication-factor`), each with `[storage] path` (unless
+//! `--no-storage`) and `[cluster] replication-timeout-ms = 1000`,
+//! `replication-deliver-within-ms = 2000` (short, so that a node stays
+//! down past the delivery window within seconds), take a steady load for
+//! `--duration-s`: creates of one-shot timers due 2-6 s ahead, deletes of
+//! a quarter of the acknowledged ones and updates of 15 % others (a `PUT`
+//! with a new interval of 2-6 s and a new callback path, version 1), each
+//! sent at least 1 s before its timer is due, at `--rate` requests/s in
+//! all, to a random member, each timer calling back into a sink in this
+//! process. A nemesis makes one fault at a time and waits for recovery
+//! before the next (every node `/ready` 200, a restarted node's start-up
+//! resync finished, at most 50 replication messages outstanding per
+//! node): kill -9 and restart one node; a long down (kill -9 of a member,
+//! down 3-5 s, past `replication-deliver-within-ms`, while the load goes
+//! on through the others, then a restart on its store); a net split (one
+//! node cut off from the others for 4-8 s, in network namespaces;
+//! skipped, loudly, where they cannot be made); a grow to four nodes and
+//! later a shrink back (seed 001's steps, by SIGHUP and resync) whose
+//! reloads are rolling: one node reloads alone for a window while deletes
+//! and updates go to every member, so some through nodes not yet reloaded
+//! (counted in the fault's line), then the others one at a time; and once
+//! per run kill -9 of every node and a restart of all. `--no-resize`
+//! leaves out the grow and the shrink.
 //!
 //! When the load stops it drains (every timer due, plus a skew, and every
-//! node idle), then checks: every acknowledged create whose delete was
-//! never sent pops; no pop comes before its due time (20 ms margin); no
-//! pop arrives after an acknowledged delete (one that arrives between the
-//! delete's send and its answer was in flight; one while a split was open
-//! is counted apart); duplicates are counted. A failed invariant prints
-//! the timer's history and the faults around it, and the run exits 1.
+//! node idle), then checks: every acknowledged create whose delete and
+//! update were never sent pops, and every acknowledged update pops its new
+//! version; no pop comes before its version's due time (20 ms margin); no
+//! pop arrives after an acknowledged delete, and no pop of the old version
+//! after an acknowledged update (one that arrives between the change's
+//! send and its answer was in flight; one while a split was open, or
+//! within 2.5 s of the answer, is counted apart); no pop names a timer or
+//! a version never sent; duplicates are counted. A failed invariant
+//! prints the timer's history and the faults around it, and the run
+//! exits 1.
 //!
 //! The nodes run in network namespaces `csoak-<pid>-<i>` on
 //! `10.214.N.<i>:7253`, joined by a bridge to this process on
@@ -58,15 +74,36 @@ const WORKERS: usize = 16;
 const DUE_MS: (u64, u64) = (2000, 6000);
 /// Share of acknowledged creates deleted.
 const DELETE_SHARE: f64 = 0.25;
-/// A delete is sent at least this long before its timer is due.
+/// Share of acknowledged creates updated (`PUT`: a new interval from the
+/// update's send and a new callback path, version 1), none of them
+/// deleted.
+const UPDATE_SHARE: f64 = 0.15;
+/// A delete or update is sent at least this long before its timer is due.
 const DELETE_LEAD_US: u64 = 1_000_000;
+/// The nodes' `[cluster] replication-timeout-ms` and
+/// `replication-deliver-within-ms`: short, so that the long-down fault
+/// outlasts the delivery window within seconds.
+const REPLICATION_TIMEOUT_MS: u64 = 1000;
+const DELIVER_WITHIN_MS: u64 = 2000;
+/// A long-down node stays down `DELIVER_WITHIN_MS` plus this (ms).
+const LONG_DOWN_EXTRA_MS: (u64, u64) = (1000, 3000);
+/// A rolling reload: once the first node has reloaded, the others wait
+/// this long (ms; the first reload of a grow or shrink, then the last),
+/// and at least until this many deletes were acknowledged through them
+/// (unless the load has ended), for at most `ROLLING_WINDOW_MAX`; then
+/// they reload one at a time, `ROLLING_GAP_MS` apart.
+const ROLLING_WINDOW_MS: (u64, u64) = (1000, 2000);
+const ROLLING_WINDOW_LAST_MS: (u64, u64) = (500, 1000);
+const ROLLING_DELETES_MIN: u64 = 10;
+const ROLLING_WINDOW_MAX: Duration = Duration::from_secs(6);
+const ROLLING_GAP_MS: (u64, u64) = (200, 600);
 /// A pop this much before its due time is early.
 const EARLY_MARGIN_US: u64 = 20_000;
 /// The replica skew (the default): the backup pops this much later.
 const SKEW_US: u64 = 2_000_000;
 /// Load before the first fault, and between faults after recovery.
 const WARMUP: Duration = Duration::from_secs(3);
-const GAP: Duration = Duration::from_secs(2);
+const GAP: Duration = Duration::from_secs(1);
 /// No fault starts this close to the end of the load.
 const FAULT_LEAD_US: u64 = 5_000_000;
 const RECOVERY_MAX: Duration = Duration::from_secs(60);
@@ -579,6 +616,8 @@ impl Client {
 #[derive(Clone, Debug)]
 struct PopRec {
     item: u64,
+    /// 0: the create's callback; 1: the update's.
+    version: u32,
     seq: u32,
     at_us: u64,
     from: IpAddr,
@@ -600,8 +639,21 @@ fn start_sink(ip: &str) -> Result<(SocketAddr, Pops), String> {
     Ok((addr, pops))
 }
 
-/// Record every `POST /s/<item>`: item, `X-Sequence-Number`, arrival and
-/// the caller's address, then answer 200.
+/// A callback's item and version: `/s/<item>` (version 0, the create's)
+/// or `/s/<item>/<version>`; `u64::MAX` for anything else.
+fn callback_path(path: &str) -> (u64, u32) {
+    let Some(rest) = path.strip_prefix("/s/") else {
+        return (u64::MAX, 0);
+    };
+    let (item, version) = rest.split_once('/').unwrap_or((rest, "0"));
+    match (item.parse(), version.parse()) {
+        (Ok(item), Ok(version)) => (item, version),
+        _ => (u64::MAX, 0),
+    }
+}
+
+/// Record every `POST /s/<item>[/<version>]`: item, version,
+/// `X-Sequence-Number`, arrival and the caller's address, then answer 200.
 fn sink_connection(stream: TcpStream, pops: Pops) {
     let from = stream
         .peer_addr()
@@ -617,12 +669,7 @@ fn sink_connection(stream: TcpStream, pops: Pops) {
             return;
         }
         let at_us = now_us();
-        let item = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.strip_prefix("/s/"))
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(u64::MAX);
+        let (item, version) = callback_path(line.split_whitespace().nth(1).unwrap_or(""));
         let Ok(Some((len, seq))) = read_headers(&mut reader, &mut line) else {
             return;
         };
@@ -632,6 +679,7 @@ fn sink_connection(stream: TcpStream, pops: Pops) {
         }
         let pop = PopRec {
             item,
+            version,
             seq,
             at_us,
             from,
@@ -725,7 +773,7 @@ impl Cluster {
         };
         let a = self.addr(i);
         let mut text = format!(
-            "[http]\nbind-address = \"{}\"\nbind-port = {}\n[runtime]\ncores = {}\n[cluster]\nlocalhost = \"{a}\"\nnode = [{}]\njoining = [{}]\nleaving = [{}]\n[timers]\ndefault-replication-factor = {}\n[log]\nlevel = \"info\"\n",
+            "[http]\nbind-address = \"{}\"\nbind-port = {}\n[runtime]\ncores = {}\n[cluster]\nlocalhost = \"{a}\"\nnode = [{}]\njoining = [{}]\nleaving = [{}]\nreplication-timeout-ms = {REPLICATION_TIMEOUT_MS}\nreplication-deliver-within-ms = {DELIVER_WITHIN_MS}\n[timers]\ndefault-replication-factor = {}\n[log]\nlevel = \"info\"\n",
             a.ip(),
             a.port(),
             self.cores,
@@ -1051,23 +1099,98 @@ struct Op {
     outcome: Outcome,
 }
 
+impl Op {
+    /// Whether it may have taken effect (it left this process).
+    fn may_apply(&self) -> bool {
+        !matches!(self.outcome, Outcome::NotSent(_))
+    }
+}
+
+/// A `PUT` of a new version: its interval counts from its send.
+#[derive(Clone, Debug)]
+struct Update {
+    op: Op,
+    interval_ms: u64,
+}
+
+impl Update {
+    fn due_us(&self) -> u64 {
+        self.op.sent_us + self.interval_ms * 1000
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Timer {
     id: Option<String>,
     interval_ms: u64,
     create: Op,
     delete: Option<Op>,
+    update: Option<Update>,
 }
 
 impl Timer {
+    /// The create's due time (version 0).
     fn due_us(&self) -> u64 {
         self.create.sent_us + self.interval_ms * 1000
     }
+
+    /// The latest due time of any version it may have.
+    fn last_due_us(&self) -> u64 {
+        let update = self.update.as_ref().map_or(0, Update::due_us);
+        self.due_us().max(update)
+    }
+}
+
+/// A change the load sends to an acknowledged timer (at most one each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Change {
+    Delete,
+    Update,
 }
 
 enum Job {
     Create(u64),
-    Delete(u64),
+    Change(u64, Change),
+}
+
+/// A rolling reload's window: the nodes not yet reloaded while another
+/// has, and the deletes and updates acknowledged through them (sent and
+/// answered while the node was in the list).
+#[derive(Default)]
+struct Rolling {
+    old: Mutex<Vec<usize>>,
+    deletes: std::sync::atomic::AtomicU64,
+    updates: std::sync::atomic::AtomicU64,
+}
+
+impl Rolling {
+    fn is_old(&self, node: usize) -> bool {
+        self.old.lock().unwrap().contains(&node)
+    }
+
+    fn open(&self, nodes: &[usize]) {
+        *self.old.lock().unwrap() = nodes.to_vec();
+    }
+
+    /// `node` is about to reload: what goes through it no longer counts.
+    fn leave(&self, node: usize) {
+        self.old.lock().unwrap().retain(|&n| n != node);
+    }
+
+    /// Close the window; the deletes and updates counted in it.
+    fn take(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.old.lock().unwrap().clear();
+        (self.deletes.swap(0, Relaxed), self.updates.swap(0, Relaxed))
+    }
+
+    fn count(&self, change: Change) {
+        let counter = match change {
+            Change::Delete => &self.deletes,
+            Change::Update => &self.updates,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 struct Load {
@@ -1075,9 +1198,30 @@ struct Load {
     targets: Arc<RwLock<Vec<usize>>>,
     sink: SocketAddr,
     timers: Mutex<HashMap<u64, Timer>>,
-    /// `(send at, item)`, earliest first.
-    deletes: Mutex<BinaryHeap<Reverse<(u64, u64)>>>,
+    /// `(send at, item, change)`, earliest first.
+    changes: Mutex<BinaryHeap<Reverse<(u64, u64, Change)>>>,
+    rolling: Rolling,
     end_us: u64,
+}
+
+impl Load {
+    /// Acknowledged deletes and updates sent at or after `from_us` and
+    /// answered by `to_us`, through any node but `except`.
+    fn changes_between(&self, from_us: u64, to_us: u64, except: usize) -> (usize, usize) {
+        let timers = self.timers.lock().unwrap();
+        let acked = |op: &Op| {
+            op.outcome == Outcome::Acked
+                && op.node != except
+                && op.sent_us >= from_us
+                && op.done_us <= to_us
+        };
+        let deletes = timers.values().filter_map(|t| t.delete.as_ref());
+        let updates = timers.values().filter_map(|t| t.update.as_ref());
+        (
+            deletes.filter(|op| acked(op)).count(),
+            updates.filter(|u| acked(&u.op)).count(),
+        )
+    }
 }
 
 /// Run the load until `load.end_us` on its own threads; the handle
@@ -1094,7 +1238,9 @@ fn start_load(load: Arc<Load>, rate: f64, seed: u64) -> std::thread::JoinHandle<
                     while let Ok(job) = rx.recv() {
                         match job {
                             Job::Create(item) => create(&load, &mut client, &mut rng, item),
-                            Job::Delete(item) => delete(&load, &mut client, &mut rng, item),
+                            Job::Change(item, change) => {
+                                send_change(&load, &mut client, &mut rng, item, change)
+                            }
                         }
                     }
                 })
@@ -1108,8 +1254,9 @@ fn start_load(load: Arc<Load>, rate: f64, seed: u64) -> std::thread::JoinHandle<
     })
 }
 
-/// One request every `1 / rate` s: a delete whose time has come, else a
-/// create. Behind by over a second, it skips ahead (no catch-up burst).
+/// One request every `1 / rate` s: a delete or update whose time has
+/// come, else a create. Behind by over a second, it skips ahead (no
+/// catch-up burst).
 fn dispatch(load: &Load, rate: f64, tx: crossbeam::channel::Sender<Job>) -> u64 {
     let period_us = (1e6 / rate) as u64;
     let (mut next_us, mut item, mut sent) = (now_us(), 0u64, 0u64);
@@ -1122,14 +1269,14 @@ fn dispatch(load: &Load, rate: f64, tx: crossbeam::channel::Sender<Job>) -> u64 
         }
         next_us += period_us;
         let due = {
-            let mut heap = load.deletes.lock().unwrap();
+            let mut heap = load.changes.lock().unwrap();
             match heap.peek() {
-                Some(Reverse((at, _))) if *at <= now_us() => heap.pop().map(|Reverse((_, i))| i),
+                Some(Reverse((at, _, _))) if *at <= now_us() => heap.pop(),
                 _ => None,
             }
         };
         let job = match due {
-            Some(i) => Job::Delete(i),
+            Some(Reverse((_, i, change))) => Job::Change(i, change),
             None => {
                 item += 1;
                 Job::Create(item)
@@ -1152,19 +1299,39 @@ fn judge(result: Result<Reply, (bool, String)>) -> (Outcome, Option<String>) {
     }
 }
 
+/// A timer's request: `POST /timers` (`id` `None`) or `PUT /timers/<id>`,
+/// calling back `/s/<item>` (version 0) or `/s/<item>/<version>`.
+fn timer_request(
+    load: &Load,
+    addr: SocketAddr,
+    id: Option<&str>,
+    item: u64,
+    interval_ms: u64,
+) -> String {
+    let path = match id {
+        None => format!("{item}"),
+        Some(_) => format!("{item}/1"),
+    };
+    let body = format!(
+        r#"{{"timing":{{"interval":{}}},"callback":{{"http":{{"uri":"http://{}/s/{path}","opaque":"{item}"}}}}}}"#,
+        seconds(interval_ms),
+        load.sink
+    );
+    let line = match id {
+        None => "POST /timers".to_string(),
+        Some(id) => format!("PUT /timers/{id}"),
+    };
+    format!(
+        "{line} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 fn create(load: &Load, client: &mut Client, rng: &mut Rng, item: u64) {
     let interval_ms = rng.range(DUE_MS.0, DUE_MS.1);
     let node = rng.pick(&load.targets.read().unwrap());
     let addr = load.addrs[node - 1];
-    let body = format!(
-        r#"{{"timing":{{"interval":{}}},"callback":{{"http":{{"uri":"http://{}/s/{item}","opaque":"{item}"}}}}}}"#,
-        seconds(interval_ms),
-        load.sink
-    );
-    let req = format!(
-        "POST /timers HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = timer_request(load, addr, None, item, interval_ms);
     let sent_us = now_us();
     let result = client.send(node, addr, req.as_bytes());
     let done_us = now_us();
@@ -1181,23 +1348,43 @@ fn create(load: &Load, client: &mut Client, rng: &mut Rng, item: u64) {
             outcome,
         },
         delete: None,
+        update: None,
     };
     let latest_us = timer.due_us().saturating_sub(DELETE_LEAD_US);
     load.timers.lock().unwrap().insert(item, timer);
-    if acked && latest_us > done_us && rng.chance(DELETE_SHARE) {
-        let at = rng.range(done_us, latest_us);
-        load.deletes.lock().unwrap().push(Reverse((at, item)));
+    if !acked || latest_us <= done_us {
+        return;
     }
+    let change = match rng.chance(DELETE_SHARE) {
+        true => Change::Delete,
+        false if rng.chance(UPDATE_SHARE / (1.0 - DELETE_SHARE)) => Change::Update,
+        false => return,
+    };
+    let at = rng.range(done_us, latest_us);
+    load.changes
+        .lock()
+        .unwrap()
+        .push(Reverse((at, item, change)));
 }
 
-fn delete(load: &Load, client: &mut Client, rng: &mut Rng, item: u64) {
+/// A `DELETE` or a `PUT` (a new interval and version) of an acknowledged
+/// timer, to a random member; counted if it went through a node not yet
+/// reloaded in a rolling reload's window.
+fn send_change(load: &Load, client: &mut Client, rng: &mut Rng, item: u64, change: Change) {
     let id = load.timers.lock().unwrap()[&item].id.clone();
     let Some(id) = id else {
         return;
     };
     let node = rng.pick(&load.targets.read().unwrap());
     let addr = load.addrs[node - 1];
-    let req = format!("DELETE /timers/{id} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
+    let interval_ms = rng.range(DUE_MS.0, DUE_MS.1);
+    let req = match change {
+        Change::Delete => {
+            format!("DELETE /timers/{id} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")
+        }
+        Change::Update => timer_request(load, addr, Some(&id), item, interval_ms),
+    };
+    let old_view = load.rolling.is_old(node);
     let sent_us = now_us();
     let result = client.send(node, addr, req.as_bytes());
     let done_us = now_us();
@@ -1207,8 +1394,14 @@ fn delete(load: &Load, client: &mut Client, rng: &mut Rng, item: u64) {
         done_us,
         outcome: judge(result).0,
     };
+    if op.outcome == Outcome::Acked && old_view && load.rolling.is_old(node) {
+        load.rolling.count(change);
+    }
     if let Some(t) = load.timers.lock().unwrap().get_mut(&item) {
-        t.delete = Some(op);
+        match change {
+            Change::Delete => t.delete = Some(op),
+            Change::Update => t.update = Some(Update { op, interval_ms }),
+        }
     }
 }
 
@@ -1217,6 +1410,7 @@ fn delete(load: &Load, client: &mut Client, rng: &mut Rng, item: u64) {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
     Kill,
+    LongDown,
     Split,
     Grow,
     Shrink,
@@ -1227,9 +1421,10 @@ impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::Kill => "kill -9 + restart",
+            Kind::LongDown => "long down: kill -9, down past deliver-within, restart",
             Kind::Split => "net split",
-            Kind::Grow => "grow 3->4 (SIGHUP)",
-            Kind::Shrink => "shrink 4->3 (SIGHUP)",
+            Kind::Grow => "grow 3->4 (rolling SIGHUP)",
+            Kind::Shrink => "shrink 4->3 (rolling SIGHUP)",
             Kind::KillAll => "kill -9 all + restart",
         }
     }
@@ -1304,28 +1499,32 @@ struct Acted {
     note: String,
 }
 
-/// `--no-resize`: no grow or shrink faults (CI's run: a delete racing a
-/// membership reload is a known, separate bug, perf/README "Fault soak").
+/// `--no-resize`: no grow or shrink faults (so no rolling reloads).
 static NO_RESIZE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// `--replication-factor`: the nodes' `default-replication-factor` (2).
-/// With 3 on the 3 nodes every node is a replica of every timer, so each
-/// acknowledgement is durable on the node that gave it (a node that is
-/// not a replica answers once the replication is queued: README,
-/// "Durable timers").
+/// With 3 on the 3 nodes every node is a replica of every timer; with 2 a
+/// third of the requests are answered by a node that is not a replica of
+/// the timer (answered once a replica took the change).
 static FACTOR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(2);
 
 fn resizing() -> bool {
     !NO_RESIZE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The first round, from the seed: kill, split, grow and shrink (grow
-/// first) in some order, with the kill of every node among the first
-/// three, so that a 60 s run makes each kind once.
+/// The first round, from the seed: kill, long down, split, grow and
+/// shrink (grow first) in some order, with the kill of every node among
+/// the first three, so that a 60 s run makes each kind once.
 fn first_round(rng: &mut Rng) -> Vec<Kind> {
-    let mut kinds = vec![Kind::Kill, Kind::Split, Kind::Grow, Kind::Shrink];
+    let mut kinds = vec![
+        Kind::Kill,
+        Kind::LongDown,
+        Kind::Split,
+        Kind::Grow,
+        Kind::Shrink,
+    ];
     if !resizing() {
-        kinds.truncate(2);
+        kinds.truncate(3);
     }
     for k in (1..kinds.len()).rev() {
         let j = rng.range(0, k as u64) as usize;
@@ -1346,9 +1545,10 @@ fn first_round(rng: &mut Rng) -> Vec<Kind> {
 }
 
 /// Faults one at a time until the load is near its end; the faults.
-fn nemesis(c: &mut Cluster, rng: &mut Rng, end_us: u64, split_off: &Option<String>) -> Vec<Fault> {
+fn nemesis(c: &mut Cluster, rng: &mut Rng, load: &Load, split_off: &Option<String>) -> Vec<Fault> {
     let plan = first_round(rng);
     let mut faults: Vec<Fault> = Vec::new();
+    let end_us = load.end_us;
     std::thread::sleep(WARMUP);
     while now_us() + FAULT_LEAD_US < end_us {
         let kind = match plan.get(faults.len()) {
@@ -1360,12 +1560,12 @@ fn nemesis(c: &mut Cluster, rng: &mut Rng, end_us: u64, split_off: &Option<Strin
                     Kind::Grow
                 };
                 match resizing() {
-                    true => rng.pick(&[Kind::Kill, Kind::Split, resize]),
-                    false => rng.pick(&[Kind::Kill, Kind::Split]),
+                    true => rng.pick(&[Kind::Kill, Kind::LongDown, Kind::Split, resize]),
+                    false => rng.pick(&[Kind::Kill, Kind::LongDown, Kind::Split]),
                 }
             }
         };
-        let fault = fault(c, kind, rng, split_off);
+        let fault = fault(c, kind, rng, load, split_off);
         println!("fault {}: {}", faults.len() + 1, fault.line());
         let failed = matches!(fault.end, End::Failed(_));
         faults.push(fault);
@@ -1380,14 +1580,21 @@ fn nemesis(c: &mut Cluster, rng: &mut Rng, end_us: u64, split_off: &Option<Strin
     faults
 }
 
-fn fault(c: &mut Cluster, kind: Kind, rng: &mut Rng, split_off: &Option<String>) -> Fault {
+fn fault(
+    c: &mut Cluster,
+    kind: Kind,
+    rng: &mut Rng,
+    load: &Load,
+    split_off: &Option<String>,
+) -> Fault {
     let start_us = now_us();
     let acted = match (kind, split_off) {
         (Kind::Split, Some(why)) => Err(End::Skipped(why.clone())),
         (Kind::Kill, _) => fault_kill(c, rng).map_err(End::Failed),
+        (Kind::LongDown, _) => fault_long_down(c, rng, load).map_err(End::Failed),
         (Kind::Split, None) => fault_split(c, rng).map_err(End::Failed),
-        (Kind::Grow, _) => fault_grow(c).map_err(End::Failed),
-        (Kind::Shrink, _) => fault_shrink(c).map_err(End::Failed),
+        (Kind::Grow, _) => fault_grow(c, rng, load).map_err(End::Failed),
+        (Kind::Shrink, _) => fault_shrink(c, rng, load).map_err(End::Failed),
         (Kind::KillAll, _) => fault_kill_all(c, rng).map_err(End::Failed),
     };
     match acted {
@@ -1425,6 +1632,28 @@ fn fault_kill(c: &mut Cluster, rng: &mut Rng) -> Result<Acted, String> {
         acted_us,
         restarted: vec![i],
         note: format!("down {:.1} s", down_ms as f64 / 1000.0),
+    })
+}
+
+/// kill -9 a member and keep it down past `DELIVER_WITHIN_MS` while the
+/// load goes on through the others, then restart it on its store.
+fn fault_long_down(c: &mut Cluster, rng: &mut Rng, load: &Load) -> Result<Acted, String> {
+    let i = rng.pick(&c.members.clone());
+    c.kill9(&[i]);
+    let down_from = now_us();
+    let down_ms = DELIVER_WITHIN_MS + rng.range(LONG_DOWN_EXTRA_MS.0, LONG_DOWN_EXTRA_MS.1);
+    std::thread::sleep(Duration::from_millis(down_ms));
+    let acted_us = now_us();
+    let (deletes, updates) = load.changes_between(down_from, acted_us, i);
+    c.spawn(i)?;
+    Ok(Acted {
+        nodes: vec![i],
+        acted_us,
+        restarted: vec![i],
+        note: format!(
+            "down {:.1} s (replication-deliver-within-ms {DELIVER_WITHIN_MS}), {deletes} deletes and {updates} updates acknowledged by the others meanwhile",
+            down_ms as f64 / 1000.0
+        ),
     })
 }
 
@@ -1466,57 +1695,120 @@ fn fault_split(c: &mut Cluster, rng: &mut Rng) -> Result<Acted, String> {
     })
 }
 
-/// Seed 001's three steps: every member takes node 4 as joining, node 4
-/// starts (a fresh store), every node resyncs, node 4 becomes a member.
-fn fault_grow(c: &mut Cluster) -> Result<Acted, String> {
+/// Reload `nodes` one at a time, in a random order: the first alone for
+/// a window (`window_ms`, and while the load runs at least until
+/// `ROLLING_DELETES_MIN` deletes went through the others) while the load
+/// sends deletes and updates to every member, some through nodes not yet
+/// reloaded; then the others, `ROLLING_GAP_MS` apart. What went through
+/// them, for the fault's note.
+fn rolling_reload(
+    c: &Cluster,
+    rng: &mut Rng,
+    load: &Load,
+    nodes: &[usize],
+    window_ms: (u64, u64),
+) -> Result<String, String> {
+    let mut order = nodes.to_vec();
+    for k in (1..order.len()).rev() {
+        order.swap(k, rng.range(0, k as u64) as usize);
+    }
+    let (&first, rest) = order.split_first().ok_or("no node to reload")?;
+    c.reload(first)?;
+    load.rolling.open(rest);
+    let opened = Instant::now();
+    let window = Duration::from_millis(rng.range(window_ms.0, window_ms.1));
+    let enough = || {
+        load.rolling
+            .deletes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= ROLLING_DELETES_MIN
+            || now_us() >= load.end_us
+    };
+    while opened.elapsed() < window || (!enough() && opened.elapsed() < ROLLING_WINDOW_MAX) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held = opened.elapsed();
+    let mut result = Ok(());
+    for (n, &i) in rest.iter().enumerate() {
+        if n > 0 {
+            std::thread::sleep(Duration::from_millis(
+                rng.range(ROLLING_GAP_MS.0, ROLLING_GAP_MS.1),
+            ));
+        }
+        load.rolling.leave(i);
+        result = c.reload(i);
+        if result.is_err() {
+            break;
+        }
+    }
+    let (deletes, updates) = load.rolling.take();
+    result?;
+    let rest: Vec<String> = rest.iter().map(|i| i.to_string()).collect();
+    Ok(format!(
+        "node {first} reloaded {:.1} s before nodes {}: {deletes} deletes and {updates} updates acknowledged through them meanwhile",
+        held.as_secs_f64(),
+        rest.join(", ")
+    ))
+}
+
+/// Seed 001's three steps: every member takes node 4 as joining (a
+/// rolling reload), node 4 starts (a fresh store), every node resyncs,
+/// node 4 becomes a member (a rolling reload of the members; the load
+/// sends to it once every node has).
+fn fault_grow(c: &mut Cluster, rng: &mut Rng, load: &Load) -> Result<Acted, String> {
     let new = NODES_MAX;
     c.grows += 1;
     c.joining = vec![new];
-    for i in c.members.clone() {
-        c.reload(i)?;
-    }
+    let joining = rolling_reload(c, rng, load, &c.members.clone(), ROLLING_WINDOW_MS)?;
+    let started = Instant::now();
     c.spawn(new)?;
     c.wait_ready(new)?;
+    let ready = started.elapsed();
     for i in c.running() {
         c.resync(i)?;
     }
+    let resynced = started.elapsed() - ready;
     c.members.push(new);
     c.joining.clear();
-    for i in c.running() {
-        c.reload(i)?;
-    }
+    let member = rolling_reload(c, rng, load, &c.running(), ROLLING_WINDOW_LAST_MS)?;
     c.set_targets();
     Ok(Acted {
         nodes: vec![new],
         acted_us: now_us(),
         restarted: vec![new],
-        note: "joined, resynced".into(),
+        note: format!(
+            "joining: {joining}; node 4 ready in {:.1} s, resynced in {:.1} s; member: {member}",
+            ready.as_secs_f64(),
+            resynced.as_secs_f64()
+        ),
     })
 }
 
-/// Node 4 leaves: every node takes it as leaving, the others resync, it
-/// is dropped from the lists and stopped (SIGTERM).
-fn fault_shrink(c: &mut Cluster) -> Result<Acted, String> {
+/// Node 4 leaves: every node takes it as leaving (a rolling reload; the
+/// load no longer sends to node 4), the others resync, it is dropped from
+/// the lists and stopped (SIGTERM).
+fn fault_shrink(c: &mut Cluster, rng: &mut Rng, load: &Load) -> Result<Acted, String> {
     let gone = NODES_MAX;
     c.members.retain(|&i| i != gone);
     c.leaving = vec![gone];
     c.set_targets();
-    for i in c.running() {
-        c.reload(i)?;
-    }
+    let leaving = rolling_reload(c, rng, load, &c.running(), ROLLING_WINDOW_MS)?;
+    let started = Instant::now();
     for i in c.members.clone() {
         c.resync(i)?;
     }
+    let resynced = started.elapsed();
     c.leaving.clear();
-    for i in c.members.clone() {
-        c.reload(i)?;
-    }
+    let dropped = rolling_reload(c, rng, load, &c.members.clone(), ROLLING_WINDOW_LAST_MS)?;
     c.terminate(gone);
     Ok(Acted {
         nodes: vec![gone],
         acted_us: now_us(),
         restarted: Vec::new(),
-        note: "left, resynced, stopped".into(),
+        note: format!(
+            "leaving: {leaving}; resynced in {:.1} s; dropped: {dropped}; stopped",
+            resynced.as_secs_f64()
+        ),
     })
 }
 
@@ -1530,7 +1822,7 @@ fn drain(c: &Cluster, load: &Load, pops: &Pops) -> Result<(), String> {
         .lock()
         .unwrap()
         .values()
-        .map(Timer::due_us)
+        .map(Timer::last_due_us)
         .max()
         .unwrap_or(0);
     let bound = last_due + DRAIN_MAX_US;
@@ -1570,29 +1862,34 @@ fn drain(c: &Cluster, load: &Load, pops: &Pops) -> Result<(), String> {
 struct Verdict {
     creates: Outcomes,
     deletes: Outcomes,
+    updates: Outcomes,
     pops: usize,
     popped_timers: usize,
     duplicates: usize,
     must_pop: usize,
-    /// Pops whose path names no timer the load created.
+    /// Pops whose path names no timer the load created, or a version it
+    /// never sent.
     strays: usize,
     lost: Vec<u64>,
     early: Vec<u64>,
     after_delete: Vec<u64>,
-    /// Pops after a delete was sent and before it was answered.
+    /// Timers whose old version popped after an acknowledged update.
+    old_version: Vec<u64>,
+    /// Pops after a delete or update was sent and before it was answered.
     in_flight: usize,
-    /// Pops after an acknowledged delete while a split was open.
+    /// Pops after an acknowledged delete or update while a split was open.
     during_split: usize,
-    /// Pops within [`REPLICATION_LAG_US`] of a delete's acknowledgement.
+    /// Pops within [`REPLICATION_LAG_US`] of a delete's or update's
+    /// acknowledgement.
     replication_lag: usize,
 }
 
-/// A `DELETE` is acknowledged before its replication reaches the other
-/// replicas (as in the reference): one that has not had it yet may pop
-/// within a replication retry backoff (2 s) of the answer. Such pops are
-/// counted apart; a delete undone by a restart pops later than this (the
-/// node has to come back first), and tests/durable.rs checks that case
-/// on its own.
+/// A `DELETE` (or `PUT`) is acknowledged before its replication reaches
+/// the other replicas (as in the reference): one that has not had it yet
+/// may pop (the old version) within a replication retry backoff (2 s) of
+/// the answer. Such pops are counted apart; a change undone by a restart
+/// pops later than this (the node has to come back first), and
+/// tests/durable.rs checks that case on its own.
 const REPLICATION_LAG_US: u64 = 2_500_000;
 
 /// Requests of one kind by outcome.
@@ -1635,6 +1932,7 @@ impl Verdict {
         self.lost.is_empty()
             && self.early.is_empty()
             && self.after_delete.is_empty()
+            && self.old_version.is_empty()
             && self.strays == 0
     }
 }
@@ -1664,53 +1962,91 @@ fn check(timers: &HashMap<u64, Timer>, pops: &[PopRec], splits: &[(u64, u64)]) -
         let mine = map.get(&item).map_or(&[][..], Vec::as_slice);
         check_timer(&mut v, item, timer, mine, splits);
     }
-    for list in [&mut v.lost, &mut v.early, &mut v.after_delete] {
+    for list in [
+        &mut v.lost,
+        &mut v.early,
+        &mut v.after_delete,
+        &mut v.old_version,
+    ] {
         list.sort_unstable();
     }
     v
 }
 
+fn acked(op: &Op) -> bool {
+    op.outcome == Outcome::Acked
+}
+
 fn check_timer(v: &mut Verdict, item: u64, t: &Timer, pops: &[&PopRec], splits: &[(u64, u64)]) {
     v.creates.add(&t.create.outcome);
-    let acked = t.create.outcome == Outcome::Acked;
     if let Some(d) = &t.delete {
         v.deletes.add(&d.outcome);
+    }
+    if let Some(u) = &t.update {
+        v.updates.add(&u.op.outcome);
     }
     if !pops.is_empty() {
         v.popped_timers += 1;
         v.duplicates += pops.len() - 1;
     }
-    if pops.iter().any(|p| p.at_us + EARLY_MARGIN_US < t.due_us()) {
+    let update = t.update.as_ref().filter(|u| u.op.may_apply());
+    let (old, new): (Vec<&PopRec>, Vec<&PopRec>) = pops.iter().partition(|p| p.version == 0);
+    v.strays += new
+        .iter()
+        .filter(|p| p.version != 1 || update.is_none())
+        .count();
+    let early =
+        |list: &[&PopRec], due_us: u64| list.iter().any(|p| p.at_us + EARLY_MARGIN_US < due_us);
+    if early(&old, t.due_us()) || update.is_some_and(|u| early(&new, u.due_us())) {
         v.early.push(item);
     }
-    let delete_may_apply = t
-        .delete
-        .as_ref()
-        .is_some_and(|d| !matches!(d.outcome, Outcome::NotSent(_)));
-    if acked && !delete_may_apply {
+    if let Some(version) = must_pop(t) {
         v.must_pop += 1;
-        if pops.is_empty() {
+        if !pops.iter().any(|p| p.version == version) {
             v.lost.push(item);
         }
     }
-    let Some(d) = t.delete.as_ref().filter(|d| d.outcome == Outcome::Acked) else {
-        return;
-    };
+    let delete = t.delete.as_ref().filter(|d| acked(d));
+    if delete.is_some_and(|d| after_change(v, pops, d, splits)) {
+        v.after_delete.push(item);
+    }
+    let update = t.update.as_ref().filter(|u| acked(&u.op));
+    if update.is_some_and(|u| after_change(v, &old, &u.op, splits)) {
+        v.old_version.push(item);
+    }
+}
+
+/// The version an acknowledged create must pop: the create's (0), or the
+/// update's (1) once it was acknowledged; `None` when a delete, or an
+/// update without an answer, may have taken effect.
+fn must_pop(t: &Timer) -> Option<u32> {
+    if !acked(&t.create) || t.delete.as_ref().is_some_and(Op::may_apply) {
+        return None;
+    }
+    match &t.update {
+        Some(u) if acked(&u.op) => Some(1),
+        Some(u) if u.op.may_apply() => None,
+        _ => Some(0),
+    }
+}
+
+/// Sort the pops at or after `op`'s send (which an acknowledged `op`
+/// ruled out) into in flight, during a split and within the replication
+/// lag; whether any came later than all three.
+fn after_change(v: &mut Verdict, pops: &[&PopRec], op: &Op, splits: &[(u64, u64)]) -> bool {
     let mut violated = false;
-    for p in pops.iter().filter(|p| p.at_us >= d.sent_us) {
-        if p.at_us <= d.done_us {
+    for p in pops.iter().filter(|p| p.at_us >= op.sent_us) {
+        if p.at_us <= op.done_us {
             v.in_flight += 1;
-        } else if splits.iter().any(|&(a, b)| a <= p.at_us && b >= d.sent_us) {
+        } else if splits.iter().any(|&(a, b)| a <= p.at_us && b >= op.sent_us) {
             v.during_split += 1;
-        } else if p.at_us <= d.done_us + REPLICATION_LAG_US {
+        } else if p.at_us <= op.done_us + REPLICATION_LAG_US {
             v.replication_lag += 1;
         } else {
             violated = true;
         }
     }
-    if violated {
-        v.after_delete.push(item);
-    }
+    violated
 }
 
 fn describe_op(what: &str, op: &Op) -> String {
@@ -1732,7 +2068,10 @@ fn describe_op(what: &str, op: &Op) -> String {
 /// due time if later.
 fn life(timer: &Timer, pops: &[&PopRec]) -> (u64, u64) {
     let last = pops.iter().map(|p| p.at_us).max().unwrap_or(0);
-    (timer.create.sent_us, last.max(timer.due_us() + SKEW_US))
+    (
+        timer.create.sent_us,
+        last.max(timer.last_due_us() + SKEW_US),
+    )
 }
 
 /// Its life widened by `AROUND_US` on both sides.
@@ -1786,6 +2125,14 @@ fn print_history(item: u64, timer: &Timer, pops: &[&PopRec], faults: &[Fault], t
         Some(d) => println!("{}", describe_op("delete", d)),
         None => println!("    delete none"),
     }
+    if let Some(u) = &timer.update {
+        println!(
+            "{}; version 1, interval {} s, due t={}",
+            describe_op("update", &u.op),
+            seconds(u.interval_ms),
+            t(u.due_us())
+        );
+    }
     if pops.is_empty() {
         println!("    pops   none");
     }
@@ -1794,10 +2141,15 @@ fn print_history(item: u64, timer: &Timer, pops: &[&PopRec], faults: &[Fault], t
             Some(n) => format!("node {n}"),
             None => p.from.to_string(),
         };
-        let late = p.at_us as f64 / 1e3 - timer.due_us() as f64 / 1e3;
+        let due_us = match (p.version, &timer.update) {
+            (1, Some(u)) => u.due_us(),
+            _ => timer.due_us(),
+        };
+        let late = p.at_us as f64 / 1e3 - due_us as f64 / 1e3;
         println!(
-            "    pop    t={} seq {} from {from} ({late:+.0} ms after due)",
+            "    pop    t={} version {} seq {} from {from} ({late:+.0} ms after its due time)",
             t(p.at_us),
+            p.version,
             p.seq
         );
     }
@@ -1826,6 +2178,10 @@ fn report_failures(
         ),
         ("EARLY: popped before its due time", &v.early),
         ("POPPED AFTER AN ACKNOWLEDGED DELETE", &v.after_delete),
+        (
+            "OLD VERSION POPPED AFTER AN ACKNOWLEDGED UPDATE",
+            &v.old_version,
+        ),
     ];
     for (what, items) in lists {
         if items.is_empty() {
@@ -1863,10 +2219,38 @@ fn report_failures(
     }
     if v.strays > 0 {
         println!(
-            "\nINVARIANT FAILED: {} pop(s) for timers the load never created",
+            "\nINVARIANT FAILED: {} pop(s) for timers (or versions) the load never created",
             v.strays
         );
     }
+}
+
+/// How many faults of each kind were made and recovered (and how many
+/// were skipped or failed).
+fn by_kind(faults: &[Fault]) -> String {
+    let kinds = [
+        Kind::Kill,
+        Kind::LongDown,
+        Kind::Split,
+        Kind::Grow,
+        Kind::Shrink,
+        Kind::KillAll,
+    ];
+    let parts: Vec<String> = kinds
+        .iter()
+        .map(|&k| {
+            let of: Vec<&Fault> = faults.iter().filter(|f| f.kind == k).collect();
+            let ok = of
+                .iter()
+                .filter(|f| matches!(f.end, End::Recovered(_)))
+                .count();
+            match ok == of.len() {
+                true => format!("{} {ok}", k.name()),
+                false => format!("{} {ok} (of {})", k.name(), of.len()),
+            }
+        })
+        .collect();
+    parts.join("; ")
 }
 
 fn pct(n: usize, of: usize) -> f64 {
@@ -1887,19 +2271,20 @@ fn print_summary(o: &Opts, v: &Verdict, sent: u64, faults: &[Fault], split_off: 
         o.cores
     );
     println!(
-        "requests {sent}: creates {}; deletes {}",
+        "requests {sent}: creates {}; deletes {}; updates {}",
         v.creates.describe(),
-        v.deletes.describe()
+        v.deletes.describe(),
+        v.updates.describe()
     );
     println!(
-        "pops {} for {} timers; duplicates {} ({:.2} % of popped timers); pops in flight during their delete {}, after an acknowledged delete during a split {}, within the replication lag (2.5 s) after an acknowledged delete {}",
+        "pops {} for {} timers; duplicates {} ({:.2} % of popped timers); pops (of a deleted timer, or an updated one's old version) in flight during the delete or update {}, after its acknowledgement during a split {}, within the replication lag (2.5 s) after it {}",
         v.pops, v.popped_timers, v.duplicates, pct(v.duplicates, v.popped_timers), v.in_flight, v.during_split, v.replication_lag
     );
     println!(
-        "invariants: {} timers had to pop: lost {}; early {}; popped after an acknowledged delete {}; strays {}",
-        v.must_pop, v.lost.len(), v.early.len(), v.after_delete.len(), v.strays
+        "invariants: {} timers had to pop: lost {}; early {}; popped after an acknowledged delete {}; old versions popped after an acknowledged update {}; strays {}",
+        v.must_pop, v.lost.len(), v.early.len(), v.after_delete.len(), v.old_version.len(), v.strays
     );
-    println!("faults ({}):", faults.len());
+    println!("faults ({}): {}", faults.len(), by_kind(faults));
     for (n, f) in faults.iter().enumerate() {
         println!("  {}. {}", n + 1, f.line());
     }
@@ -1920,7 +2305,7 @@ fn bound(o: &Opts) -> Duration {
     let extra_us = 60_000_000
         + FAULT_LEAD_US
         + 2 * RECOVERY_MAX.as_micros() as u64
-        + DUE_MS.1 * 1000
+        + 2 * DUE_MS.1 * 1000
         + DRAIN_MAX_US
         + 60_000_000;
     Duration::from_secs(o.duration_s) + Duration::from_micros(extra_us)
@@ -1957,12 +2342,13 @@ fn run(o: &Opts) -> Result<bool, String> {
         targets: c.targets.clone(),
         sink,
         timers: Mutex::new(HashMap::new()),
-        deletes: Mutex::new(BinaryHeap::new()),
+        changes: Mutex::new(BinaryHeap::new()),
+        rolling: Rolling::default(),
         end_us: now_us() + o.duration_s * 1_000_000,
     });
     let mut rng = Rng(o.seed);
     let handle = start_load(load.clone(), o.rate, rng.next());
-    let faults = nemesis(&mut c, &mut rng, load.end_us, &split_off);
+    let faults = nemesis(&mut c, &mut rng, &load, &split_off);
     let sent = handle.join().map_err(|_| "the load panicked")?;
     println!(
         "load ended at t={} ({sent} requests), the nemesis at t={}; draining",
@@ -2050,12 +2436,14 @@ mod tests {
             interval_ms: 3000,
             create: op(1_000_000, 1_001_000, create),
             delete,
+            update: None,
         }
     }
 
     fn pop(item: u64, at_us: u64) -> PopRec {
         PopRec {
             item,
+            version: 0,
             seq: 1,
             at_us,
             from: IpAddr::from([127, 0, 0, 1]),
@@ -2139,15 +2527,73 @@ mod tests {
         assert_eq!(v.must_pop, 1);
     }
 
+    /// A timer created at 1 s (due at 4 s), updated at 3 s to pop 3 s
+    /// later (at 6 s), with this outcome.
+    fn updated(outcome: Outcome) -> Timer {
+        Timer {
+            update: Some(Update {
+                op: op(3_000_000, 3_100_000, outcome),
+                interval_ms: 3000,
+            }),
+            ..timer(Outcome::Acked, None)
+        }
+    }
+
+    fn pop_v(item: u64, version: u32, at_us: u64) -> PopRec {
+        PopRec {
+            version,
+            ..pop(item, at_us)
+        }
+    }
+
+    #[test]
+    fn an_acknowledged_update_must_pop_its_version_and_never_the_old_one_after() {
+        let timers = HashMap::from([
+            (1, updated(Outcome::Acked)),
+            (2, updated(Outcome::Acked)),
+            (3, updated(Outcome::Acked)),
+            (4, updated(Outcome::Acked)),
+            (5, updated(Outcome::Unknown("timeout".into()))),
+            (6, timer(Outcome::Acked, None)),
+        ]);
+        let pops = [
+            pop_v(1, 1, 6_000_000), // the new version: fine
+            pop_v(2, 0, 4_000_000), // the old one, within the lag
+            pop_v(2, 1, 6_000_000),
+            pop_v(3, 0, 5_700_000), // the old one, after the lag: fails
+            pop_v(3, 1, 6_000_000),
+            pop_v(4, 1, 5_000_000), // the new version 1 s early; 4 fails
+            pop_v(5, 0, 5_700_000), // unanswered: either version, or none
+            pop_v(6, 1, 6_000_000), // a version never sent: a stray
+        ];
+        let v = check(&timers, &pops, &[]);
+        assert_eq!(v.old_version, [3]);
+        assert_eq!(v.early, [4]);
+        assert_eq!(v.lost, [6]);
+        assert_eq!((v.replication_lag, v.strays, v.must_pop), (1, 1, 5));
+        let v = check(&timers, &[pop_v(1, 0, 4_000_000)], &[]);
+        assert_eq!(v.lost, [1, 2, 3, 4, 6], "the old version is not the new");
+    }
+
+    #[test]
+    fn a_callback_path_names_the_item_and_version() {
+        assert_eq!(callback_path("/s/12"), (12, 0));
+        assert_eq!(callback_path("/s/12/1"), (12, 1));
+        assert_eq!(callback_path("/s/x"), (u64::MAX, 0));
+        assert_eq!(callback_path("/t/12"), (u64::MAX, 0));
+        assert_eq!(callback_path("/s/12/y"), (u64::MAX, 0));
+    }
+
     #[test]
     fn the_first_round_makes_every_kind_once_grow_before_shrink() {
         for seed in 0..200 {
             let plan = first_round(&mut Rng(seed));
-            assert_eq!(plan.len(), 5);
+            assert_eq!(plan.len(), 6);
             let at = |k| plan.iter().position(|&x| x == k).expect("every kind");
             assert!(at(Kind::Grow) < at(Kind::Shrink), "{plan:?}");
             assert!(at(Kind::KillAll) <= 2, "{plan:?}");
             at(Kind::Kill);
+            at(Kind::LongDown);
             at(Kind::Split);
         }
     }
