@@ -204,8 +204,13 @@ fn read_storage(resolved: &Resolved) -> Result<Storage, String> {
             .collect()
     });
     let mut recovered = Vec::with_capacity(read.len());
-    for (dir, r) in layout.shard_dirs.iter().zip(read) {
-        recovered.push(std::sync::Mutex::new(Some((dir.clone(), r?))));
+    for (i, (dir, r)) in layout.shard_dirs.iter().zip(read).enumerate() {
+        let mut r = r?;
+        if i == 0 {
+            // Skipped while re-sharding: shard 0 asks for the resync.
+            r.corrupt += layout.resharded_corrupt;
+        }
+        recovered.push(std::sync::Mutex::new(Some((dir.clone(), r))));
     }
     Ok((Some(layout), recovered))
 }

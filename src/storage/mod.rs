@@ -80,6 +80,11 @@ pub fn fault_point(point: &str) {
 /// out while this one lives.
 pub struct Layout {
     pub shard_dirs: Vec<PathBuf>,
+    /// Bad records skipped (`on-corruption = "skip"`) while re-sharding
+    /// the log at this start: the new generation no longer shows them, so
+    /// they are counted here, and the node resyncs from its peers as for
+    /// any skipped record (issue 38).
+    pub resharded_corrupt: u64,
     _lock: std::fs::File,
 }
 
@@ -98,8 +103,8 @@ pub fn prepare(cfg: &StorageConfig, shards: usize) -> Result<Layout, String> {
             (1, shards)
         }
     };
-    let generation = if old_shards == shards {
-        generation
+    let (generation, resharded_corrupt) = if old_shards == shards {
+        (generation, 0)
     } else {
         reshard(&root, cfg, generation, old_shards, shards)?
     };
@@ -108,6 +113,7 @@ pub fn prepare(cfg: &StorageConfig, shards: usize) -> Result<Layout, String> {
         shard_dirs: (0..shards)
             .map(|i| gen_dir.join(format!("shard-{i}")))
             .collect(),
+        resharded_corrupt,
         _lock: lock,
     })
 }
@@ -233,21 +239,24 @@ fn make_generation(root: &Path, generation: u64, shards: usize) -> Result<PathBu
 
 /// Hand every timer of a layout of `old` shards to the shard that owns it
 /// among `new`: the next generation gets one snapshot per shard, then
-/// CURRENT switches to it and the old generation is removed.
+/// CURRENT switches to it and the old generation is removed. Returns the
+/// new generation and the bad records skipped on the way.
 fn reshard(
     root: &Path,
     cfg: &StorageConfig,
     generation: u64,
     old: usize,
     new: usize,
-) -> Result<u64, String> {
+) -> Result<(u64, u64), String> {
     tracing::info!(target: "chronos::storage", "re-sharding the timer log from {old} to {new} shards");
     let old_dir = root.join(format!("gen-{generation}"));
     let mut encoders: Vec<snapshot::Encoder> =
         (0..new).map(|_| snapshot::Encoder::new(1)).collect();
+    let mut corrupt = 0;
     for i in 0..old {
         let dir = old_dir.join(format!("shard-{i}"));
         let recovered = read::recover(&dir, cfg.on_corruption)?;
+        corrupt += recovered.corrupt;
         for image in recovered.images() {
             let owner = crate::timer::shard_of(image.head.id.unique, new);
             encoders[owner].put(&image, image.tags());
@@ -270,5 +279,5 @@ fn reshard(
     write_current(root, next, new)?;
     let _ = std::fs::remove_dir_all(&old_dir);
     sync_dir_blocking(root)?;
-    Ok(next)
+    Ok((next, corrupt))
 }
