@@ -151,6 +151,7 @@ impl Drop for Tmpfs {
 /// A full disk meets the log at its next segment: `fallocate` fails. The
 /// node stops there (it ran on from memory before, popping what it could
 /// no longer log), and every create it answered is back after a restart.
+/// No reserve here (`free-bytes-min = 0`): the disk fills up behind it.
 #[test]
 fn a_full_disk_stops_the_node_and_loses_no_answered_change() {
     let fs = Tmpfs::mount("full", 6 << 20);
@@ -159,7 +160,7 @@ fn a_full_disk_stops_the_node_and_loses_no_answered_change() {
     let filler = fs.0 .0.join("filler");
     run("fallocate", &["-l", "4608K", filler.to_str().unwrap()]);
     let config = format!(
-        "[runtime]\ncores = 1\n[storage]\npath = \"{}\"\nsegment-bytes = 1048576\ncompact-log-bytes = 1073741824\n",
+        "[runtime]\ncores = 1\n[storage]\npath = \"{}\"\nsegment-bytes = 1048576\ncompact-log-bytes = 1073741824\nfree-bytes-min = 0\n",
         store.display()
     );
     let port = free_port();
@@ -234,4 +235,60 @@ fn sync_none_loses_nothing_answered_to_a_kill_9() {
         300.0,
         "every answered create is back"
     );
+}
+
+/// Item 3: a full disk is met before it happens. Below `free-bytes-min`
+/// creates and updates get `503 storage full`, while deletes and pops go
+/// on and the node stays up; once space comes back, creates are taken.
+#[test]
+fn below_the_reserve_creates_are_refused_and_deletes_and_pops_go_on() {
+    let fs = Tmpfs::mount("reserve", 8 << 20);
+    let store = fs.0 .0.join("store");
+    let config = format!(
+        "[runtime]\ncores = 1\n[storage]\npath = \"{}\"\nsegment-bytes = 1048576\nfree-bytes-min = 3145728\n",
+        store.display()
+    );
+    let port = free_port();
+    let node = Node::start_at("127.0.0.1", port, &config);
+    node.wait_ready_200(Duration::from_secs(20));
+    let sink = Sink::start(Behaviour::Ok);
+    let ids: Vec<String> = (0..20)
+        .map(|i| node.create(&body(600, &format!("/r/{i}"), &sink, "r")))
+        .collect();
+    let soon = node.create(&body(3, "/soon", &sink, "s"));
+    // Leave about 2 MiB free: below the reserve, above what a write needs.
+    let filler = fs.0 .0.join("filler");
+    let free = node.metric("chronos_storage_free_bytes") as u64;
+    let fill = format!("{}", free.saturating_sub(2 << 20));
+    run("fallocate", &["-l", &fill, filler.to_str().unwrap()]);
+    let refused = wait_until("a create refused", Duration::from_secs(10), || {
+        let r = node.request("POST", "/timers", &body(600, "/x", &sink, "x"));
+        match r.status {
+            503 => Ok(r.text()),
+            s => Err(format!("{s}")),
+        }
+    });
+    assert!(refused.contains("storage full"), "{refused}");
+    let r = node.request(
+        "PUT",
+        &format!("/timers/{}", ids[0]),
+        &body(600, "/u", &sink, "u"),
+    );
+    assert_eq!(r.status, 503, "an update too: {}", r.text());
+    for id in &ids[..10] {
+        let r = node.request("DELETE", &format!("/timers/{id}"), "");
+        assert_eq!(r.status, 200, "a delete goes on: {}", r.text());
+    }
+    let pops = sink.wait_for(1, Duration::from_secs(10));
+    assert_eq!(pops.len(), 1, "a pop goes on");
+    assert_eq!(pops[0].path, "/soon", "{soon}");
+    std::fs::remove_file(&filler).unwrap();
+    wait_until("a create taken again", Duration::from_secs(10), || {
+        let r = node.request("POST", "/timers", &body(600, "/y", &sink, "y"));
+        match r.status {
+            200 => Ok(()),
+            s => Err(format!("{s} {}", r.text())),
+        }
+    });
+    assert_eq!(node.metric("chronos_storage_failed"), 0.0, "not a failure");
 }

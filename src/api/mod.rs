@@ -321,7 +321,7 @@ const POST_NEEDS_CALLBACK: &str = "callback must contain an \"http\" object with
 
 /// `POST /timers` with `[storage]`: answered once the timer is durable.
 async fn create_durable(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<TimerId, OpError> {
-    shard.storage_admits()?;
+    shard.storage_admits_growth()?;
     let (id, ticket) = shard.create(s)?;
     shard.settle().await?;
     shard.replica_acked(id, ticket).await?;
@@ -372,6 +372,9 @@ async fn timer(
             }
             Ok(_) if !shard.admit_client() => overloaded(out, close),
             Ok(s) => {
+                if let Err(e) = shard.storage_admits_growth() {
+                    return error(out, e.status, &e.reason, close);
+                }
                 let started = shard.latency_start();
                 if let Err((status, reason)) = guard_admits(shard, &s).await {
                     return error(out, status, &reason, close);

@@ -95,6 +95,27 @@ impl Shard {
         }
     }
 
+    /// As [`Shard::storage_admits`], for a client's create or update:
+    /// also not while the log's file system is below `free-bytes-min`
+    /// (`503 storage full`). Deletes and pops free space and go on.
+    pub fn storage_admits_growth(&self) -> Result<(), OpError> {
+        self.storage_admits()?;
+        let Some(log) = self.log() else {
+            return Ok(());
+        };
+        match log.space_low() {
+            None => Ok(()),
+            Some(free) => Err(OpError::new(
+                503,
+                format!(
+                    "storage full: {free} bytes free under {}, below [storage] free-bytes-min = {}: creates and updates are refused until space comes back (deletes go on); retry later",
+                    log.dir().display(),
+                    log.free_bytes_min()
+                ),
+            )),
+        }
+    }
+
     /// Wait until every change this shard has made so far is durable
     /// (at once without `[storage]` or with `sync = "none"`).
     pub async fn settle(&self) -> Result<(), OpError> {
@@ -162,6 +183,7 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
     *shard.flusher.borrow_mut() = Some(flusher);
     let corrupt = recovered.corrupt > 0;
     drop(recovered);
+    shard.gate.spawn(watch_space(shard.clone(), log.clone()));
     shard
         .gate
         .spawn(compaction_loop(shard.clone(), log.clone(), dir, corrupt));
@@ -175,6 +197,22 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
         shard.rebalance.request(true);
     }
     log
+}
+
+/// How often a shard reads the free space of its log's file system.
+const SPACE_WATCH: Duration = Duration::from_millis(200);
+
+/// Read the free space of the log's file system every [`SPACE_WATCH`]
+/// (one `statvfs`), for the reserve ([`Shard::storage_admits_growth`]).
+async fn watch_space(shard: Rc<Shard>, log: Rc<Log>) {
+    while !shard.gate.is_closing() {
+        match crate::storage::free_bytes(log.dir()) {
+            Ok(free) => log.set_free_bytes(free),
+            Err(e) => tracing::warn!(target: "chronos::storage", "shard {}: {e}", shard.id),
+        }
+        let tick = glommio::timer::sleep(SPACE_WATCH);
+        futures_lite::future::or(tick, shard.gate.closing()).await;
+    }
 }
 
 /// Close the log at shutdown: write what is pending, then end.

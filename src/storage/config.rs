@@ -47,6 +47,11 @@ pub struct StorageConfig {
     /// `503` and pops wait (the disk is behind).
     pub pending_bytes_max: usize,
     pub on_corruption: OnCorruption,
+    /// The reserve (issue 38, as etcd's space quota): while the file system
+    /// of `path` has less free than this, client creates and updates get
+    /// `503 storage full`; deletes, pops, replication and compaction go on,
+    /// so space comes back. 0: no reserve.
+    pub free_bytes_min: u64,
 }
 
 impl Default for StorageConfig {
@@ -60,12 +65,13 @@ impl Default for StorageConfig {
             compact_log_bytes: 64 << 20,
             pending_bytes_max: 64 << 20,
             on_corruption: OnCorruption::Stop,
+            free_bytes_min: 128 << 20,
         }
     }
 }
 
 /// Each bound: `(key, value, least, most)`.
-fn bounds(s: &StorageConfig) -> [(&'static str, u64, u64, u64); 5] {
+fn bounds(s: &StorageConfig) -> [(&'static str, u64, u64, u64); 6] {
     [
         ("group-commit-us", s.group_commit_us, 0, 1_000_000),
         (
@@ -82,6 +88,7 @@ fn bounds(s: &StorageConfig) -> [(&'static str, u64, u64, u64); 5] {
             1 << 20,
             1 << 34,
         ),
+        ("free-bytes-min", s.free_bytes_min, 0, 1 << 50),
     ]
 }
 

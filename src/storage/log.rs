@@ -69,6 +69,10 @@ pub struct Log {
     closed: Cell<bool>,
     wake: Notify,
     waiters: RefCell<Vec<Waker>>,
+    /// Bytes free on the log's file system, as last read, and whether
+    /// that is below `free-bytes-min` ([`Log::set_free_bytes`]).
+    free_bytes: Cell<u64>,
+    space_low: Cell<bool>,
     /// Log bytes since the last snapshot, and that snapshot's size.
     since_snapshot_bytes: Cell<u64>,
     snapshot_bytes: Cell<u64>,
@@ -97,6 +101,8 @@ impl Log {
             last_crc: Cell::new(resume.last_crc),
             failed: RefCell::new(None),
             closed: Cell::new(false),
+            free_bytes: Cell::new(u64::MAX),
+            space_low: Cell::new(false),
             wake: Notify::default(),
             waiters: RefCell::new(Vec::new()),
             since_snapshot_bytes: Cell::new(resume.since_snapshot_bytes),
@@ -177,6 +183,45 @@ impl Log {
     /// Whether more changes may be appended now (the disk keeps up).
     pub fn has_room(&self) -> bool {
         !self.is_behind() && self.failed.borrow().is_none()
+    }
+
+    /// The free bytes of the log's file system, read now: below
+    /// `free-bytes-min`, creates and updates are refused
+    /// ([`Log::space_low`]). Logs each crossing.
+    pub fn set_free_bytes(&self, free: u64) {
+        self.free_bytes.set(free);
+        self.my_stats().storage_free_bytes.store(
+            free.min(i64::MAX as u64) as i64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let low = free < self.cfg.free_bytes_min;
+        if low == self.space_low.replace(low) {
+            return;
+        }
+        let (dir, min) = (self.dir.display(), self.cfg.free_bytes_min);
+        match low {
+            true => {
+                tracing::error!(target: "chronos::storage", "shard {}: {free} bytes free under {dir}, below free-bytes-min = {min}: client creates and updates get 503 until space comes back; deletes, pops and compaction go on", self.shard)
+            }
+            false => {
+                tracing::info!(target: "chronos::storage", "shard {}: {free} bytes free under {dir} again: creates and updates are taken", self.shard)
+            }
+        }
+    }
+
+    /// `Some(free bytes)` while the file system is below `free-bytes-min`.
+    pub fn space_low(&self) -> Option<u64> {
+        self.space_low.get().then(|| self.free_bytes.get())
+    }
+
+    /// The reserve, `free-bytes-min`.
+    pub fn free_bytes_min(&self) -> u64 {
+        self.cfg.free_bytes_min
+    }
+
+    /// The log's directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// Why the log stopped, if it did.

@@ -60,6 +60,24 @@ pub async fn sync_dir(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Bytes free to this process on the file system of `dir` (`statvfs`).
+pub fn free_bytes(dir: &Path) -> Result<u64, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    // SAFETY: statvfs reads the NUL-terminated path and fills `stat`,
+    // which lives for the call.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    match unsafe { libc::statvfs(path.as_ptr(), &mut stat) } {
+        0 => Ok((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64)),
+        _ => Err(format!(
+            "statvfs {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        )),
+    }
+}
+
 pub fn sync_dir_blocking(dir: &Path) -> Result<(), String> {
     std::fs::File::open(dir)
         .and_then(|f| f.sync_all())
