@@ -404,3 +404,43 @@ fn the_handoff_route_says_what_is_owed_and_refuses_bad_queries() {
     let r = a.request("POST", &format!("/handoff?node={peer}"), "");
     assert_eq!(r.status, 405);
 }
+
+/// Item 1 with `[storage]`: the deletes A owes B (down) survive a restart
+/// of A too, and a wait longer than a tombstone's life: the tombstones
+/// stay while their deletes are owed, are logged, and a start sends them
+/// again. B, back last, pops none of the deleted timers.
+#[test]
+fn deletes_owed_to_a_down_replica_survive_a_restart_of_the_node_that_owes_them() {
+    let port = cluster_port(2);
+    let (dir_a, dir_b) = (Dir::new("owe-a"), Dir::new("owe-b"));
+    let config_a = config(1, port, &[1, 2], &[], &dir_a.section());
+    let config_b = config(2, port, &[1, 2], &[], &dir_b.section());
+    let mut a = start(1, port, &config_a);
+    let mut b = start(2, port, &config_b);
+    for node in [&a, &b] {
+        node.wait_ready_200(Duration::from_secs(20));
+    }
+    let sink = Sink::start(Behaviour::Ok);
+    // Interval 3 s: a tombstone lives 3 s + 2 skews = 7 s.
+    let ids: Vec<String> = (0..10)
+        .map(|i| a.create(&body(3, &sink.uri(&format!("/o/{i}")), "o", None)))
+        .collect();
+    let created = Instant::now();
+    a.wait_replication_settled(Duration::from_secs(10));
+    b.kill9();
+    delete_all(&a, &ids);
+    // Past every tombstone's life, then A restarts from its log.
+    sleep_until(created + Duration::from_secs(10));
+    a.kill9();
+    let a = start(1, port, &config_a);
+    a.wait_ready_200(Duration::from_secs(30));
+    let b = start(2, port, &config_b);
+    b.wait_ready_200(Duration::from_secs(30));
+    let pops = pops_once_done(&sink, &[&a, &b], "/o/");
+    assert!(
+        pops.is_empty(),
+        "{} pops of deleted timers: {:?}",
+        pops.len(),
+        paths(&pops)
+    );
+}

@@ -32,6 +32,7 @@
 //! conflict rules discard what a later message superseded.
 
 use super::acks::{Acks, Ticket};
+use super::owed::Owed;
 use crate::http::client::Client;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
@@ -270,6 +271,9 @@ struct Message {
     start_ms: u64,
     /// The acknowledgement a client operation waits for (0: none).
     ticket: Ticket,
+    /// A tombstone's timer (unique part) owed to a member ([`Owed`]; 0:
+    /// not a tombstone, or to another site).
+    owed: u64,
     /// The peer answered it with a status worth retrying (5xx, 408, 429):
     /// it is alive and refuses this message.
     refused: bool,
@@ -400,6 +404,8 @@ pub struct Replicator {
     scratch: RefCell<Vec<u8>>,
     /// The acknowledgements client operations wait for.
     acks: Rc<Acks>,
+    /// Tombstones owed to members.
+    owed: Rc<Owed>,
 }
 
 impl Replicator {
@@ -435,6 +441,7 @@ impl Replicator {
             shard,
             scratch: RefCell::new(Vec::with_capacity(1024)),
             acks: Rc::new(Acks::default()),
+            owed: Rc::new(Owed::default()),
         }
     }
 
@@ -472,6 +479,12 @@ impl Replicator {
     /// before an operation's messages are queued covers them all.
     pub fn acks(&self) -> &Acks {
         &self.acks
+    }
+
+    /// Whether a tombstone of `unique` is still queued for a member: it
+    /// must not expire yet ([`Owed`]).
+    pub fn owes_tombstone(&self, unique: u64) -> bool {
+        self.owed.holds(unique)
     }
 
     /// The address of peer `i` (for a log line).
@@ -580,8 +593,19 @@ impl Replicator {
             delta_at: delta_at as u32,
             start_ms,
             ticket: self.acks.queued(),
+            owed: 0,
             refused: false,
             born_ms: now_ms,
+        };
+        let message = match !self.config.sites && body.uri.is_empty() {
+            true => {
+                self.owed.add(id.unique);
+                Message {
+                    owed: id.unique,
+                    ..message
+                }
+            }
+            false => message,
         };
         let added = self.append(p, id, &scratch, message);
         assert!(added <= bytes, "the head fits its allowance");
@@ -663,6 +687,7 @@ impl Replicator {
             stats: self.stats.clone(),
             shard: self.shard,
             acks: self.acks.clone(),
+            owed: self.owed.clone(),
         };
         self.gate.spawn(sender.run())
     }
@@ -677,9 +702,18 @@ struct Sender {
     stats: Arc<[ShardStats]>,
     shard: usize,
     acks: Rc<Acks>,
+    owed: Rc<Owed>,
 }
 
 impl Sender {
+    /// Message `m` is settled for good: taken, refused or given up.
+    fn settled(&self, m: &Message, taken: bool) {
+        self.acks.settle(m.ticket, taken);
+        if m.owed != 0 {
+            self.owed.settle(m.owed);
+        }
+    }
+
     /// Drain the peer's queue until shutdown (or retirement) finds it empty.
     async fn run(self) {
         let peer = &self.peer;
@@ -781,7 +815,7 @@ impl Sender {
         );
         tracing::warn!(target: "chronos::replication", "to {}: {expired} messages given up, queued over {within_ms} ms ago", peer.address);
         for m in &seg.messages[..expired] {
-            self.acks.settle(m.ticket, false);
+            self.settled(m, false);
         }
         seg.drop_front(expired);
     }
@@ -805,8 +839,8 @@ impl Sender {
         self.record_lag(seg, statuses);
         for (m, status) in seg.messages.iter().zip(statuses.iter()) {
             match *status {
-                200..=299 => self.acks.settle(m.ticket, true),
-                s if is_final_refusal(s) => self.acks.settle(m.ticket, false),
+                200..=299 => self.settled(m, true),
+                s if is_final_refusal(s) => self.settled(m, false),
                 _ => {}
             }
         }
@@ -861,7 +895,7 @@ impl Sender {
         if self.gate.is_closing() || peer.retired.get() {
             count(stats, Some(peer), Count::Failed, again.len() as u64);
             for &i in &again {
-                self.acks.settle(seg.messages[i].ticket, false);
+                self.settled(&seg.messages[i], false);
             }
             tracing::warn!(target: "chronos::replication", "to {}: {} messages given up undelivered", peer.address, again.len());
             return;
@@ -1066,6 +1100,7 @@ mod tests {
                 delta_at: at as u32,
                 start_ms: 1_000 + i as u64,
                 ticket: 0,
+                owed: 0,
                 refused: false,
                 born_ms,
             });

@@ -319,6 +319,13 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
     let logged = shard.store.borrow().logged();
     let skew = shard.resolved.config.timers.replica_skew_ms;
     for (due_ms, timer) in due.drain(..) {
+        if timer.is_tombstone() && shard.replicator.owes_tombstone(timer.unique) {
+            // Its delete is still queued for a member (issue 37): kept one
+            // more life, logged, so a restart sends it again.
+            let until = now + shard.tombstone_life_ms(&timer);
+            shard.store.borrow_mut().insert(until, timer);
+            continue;
+        }
         if timer.is_tombstone() {
             // Lived out its interval, and any informational copy with it.
             ShardStats::add(&stats.tombstones_expired, 1);

@@ -8,10 +8,16 @@
 //! fault soak, seed 9675783058021869).
 //!
 //! So after the replay, the client changes logged within the replication
-//! window are sent again, newest first, as they now stand, to the
-//! timer's replicas under the current view and every node its ID names;
-//! what this site originated (first in its site list) goes to the other
-//! sites too.
+//! window, and every delete whose tombstone the log still holds, are sent
+//! again, newest first, as they now stand, to the timer's replicas under
+//! the current view and every node its ID names; what this site
+//! originated (first in its site list) goes to the other sites too. A
+//! tombstone lives on while its delete is queued for a member
+//! (`cluster/owed.rs`, issue 37), so a delete owed to a replica that is
+//! down survives a restart of the node that owes it, however long both
+//! take: the hinted hand-off of deletes, kept in the log as the
+//! tombstones themselves. (Creates and updates a replica missed while
+//! down come back with its own start-up restore, which pulls them.)
 //!
 //! What the log holds is not always what was sent, and only what was
 //! goes out again: a state a client operation set (sequence 0: a create,
@@ -56,9 +62,11 @@ use std::rc::Rc;
 
 /// The `(unique, version)` of every image a start sends again (see the
 /// module doc), newest first: changed within `window_ms` before the
-/// newest change among them (or before `now_us`, if earlier); never a
-/// pop's outcome (sequence above 0); and only deletes (tombstones) when
-/// the node was down longer than the window.
+/// newest change among them (or before `now_us`, if earlier), and every
+/// delete (tombstone) the log still holds, however old (a tombstone lives
+/// on while its delete is owed to a member: `cluster/owed.rs`); never a
+/// pop's outcome (sequence above 0); and only deletes when the node was
+/// down longer than the window.
 pub(super) fn recent(images: &[Image<'_>], window_ms: u64, now_us: u64) -> Vec<(u64, u64)> {
     let Some(newest_us) = images.iter().map(|i| i.head.version).max() else {
         return Vec::new();
@@ -70,8 +78,8 @@ pub(super) fn recent(images: &[Image<'_>], window_ms: u64, now_us: u64) -> Vec<(
     let deletes_only = now_us.saturating_sub(newest_us) > window_us;
     let mut out: Vec<(u64, u64)> = images
         .iter()
-        .filter(|i| i.head.version >= since_us && i.head.sequence == 0)
-        .filter(|i| !deletes_only || i.uri.is_empty())
+        .filter(|i| i.head.sequence == 0)
+        .filter(|i| i.uri.is_empty() || (i.head.version >= since_us && !deletes_only))
         .map(|i| (i.head.id.unique, i.head.version))
         .collect();
     // The newest changes are the likeliest unsent; a delete's tombstone
