@@ -67,6 +67,9 @@ fn ready_is_sent_once_the_log_is_replayed_and_stopping_at_sigterm() {
     let port = free_port();
     // Timers for the restart to replay: READY=1 must wait for them.
     let node = Node::start_at("127.0.0.1", port, &durable(&dir));
+    // `start_at` waits for /ping; a change waits for the (empty) log's
+    // replay too (a loaded CI machine got 503 recovering here).
+    node.wait_ready_200(Duration::from_secs(20));
     let sink = Sink::start(Behaviour::Ok);
     let body = timer_body("3600", None, &sink.uri("/cb"), "x");
     let ids: Vec<String> = (0..2000).map(|_| node.create(&body)).collect();
