@@ -1062,6 +1062,38 @@ impl Cluster {
     }
 }
 
+/// Each running node's pop, callback and replication counters, for the
+/// output (what became of the pops: a pop left to the next replica, or
+/// whose callback failed, is not popped again here).
+fn node_counters(c: &Cluster) -> Vec<String> {
+    let names = [
+        ("popped", "chronos_timers_popped_total"),
+        ("callbacks succeeded", "chronos_callbacks_succeeded_total"),
+        ("failed", "chronos_callbacks_failed_total"),
+        (
+            "left to the next replica",
+            "chronos_callbacks_deferred_total",
+        ),
+        ("withdrawn", "chronos_callbacks_withdrawn_total"),
+        ("replication dropped", "chronos_replication_dropped_total"),
+        ("given up", "chronos_replication_failed_total"),
+        ("repaired", "chronos_replication_repaired_total"),
+    ];
+    c.running()
+        .into_iter()
+        .map(|i| match metrics(c.addr(i)) {
+            Ok(m) => {
+                let parts: Vec<String> = names
+                    .iter()
+                    .map(|(what, name)| format!("{what} {}", counter(&m, name)))
+                    .collect();
+                format!("node {i}: {}", parts.join(", "))
+            }
+            Err(e) => format!("node {i}: {e}"),
+        })
+        .collect()
+}
+
 fn unregister(pid: u32) {
     registry().pids.retain(|&p| p != pid);
 }
@@ -2356,6 +2388,9 @@ fn run(o: &Opts) -> Result<bool, String> {
         t(now_us())
     );
     let drained = drain(&c, &load, &pops);
+    for line in node_counters(&c) {
+        println!("{line}");
+    }
     let all = c.running();
     c.kill9(&all);
     let results = Results {
