@@ -64,6 +64,10 @@ pub const BATCH_MAX: usize = 256;
 /// Reconnect backoff after a failed connect or batch.
 pub const BACKOFF_MS_MIN: u64 = 50;
 pub const BACKOFF_MS_MAX: u64 = 2_000;
+/// A peer's repairs back off from this to at most [`REPAIR_BACKOFF_MS_MAX`]
+/// while they follow each other (each within twice the last backoff).
+pub const REPAIR_BACKOFF_MS_MIN: u64 = 5_000;
+pub const REPAIR_BACKOFF_MS_MAX: u64 = 600_000;
 /// Spare segment buffers kept per peer.
 const SPARE_SEGMENTS_MAX: usize = 8;
 
@@ -274,9 +278,10 @@ struct Message {
     /// A tombstone's timer (unique part) owed to a member ([`Owed`]; 0:
     /// not a tombstone, or to another site).
     owed: u64,
-    /// The peer answered it with a status worth retrying (5xx, 408, 429):
-    /// it is alive and refuses this message.
-    refused: bool,
+    /// Engine-clock ms since when the peer has answered it, at every try,
+    /// with a status worth retrying (5xx, 408, 429): it is alive and
+    /// refuses this message (0: not refusing; an unanswered try resets it).
+    refused_since_ms: u64,
     /// Engine-clock ms it was first queued: past `deliver_within` a
     /// message to another site is given up, never sent (a tombstone may
     /// no longer stop it); one to a member is reported late.
@@ -359,6 +364,15 @@ struct Peer {
     /// A message to this member was dropped at a full queue: the shard
     /// owes it a repair ([`Replicator::take_repair`]).
     repair_owed: Cell<bool>,
+    /// A repair of it is running ([`Replicator::repair_done`] ends it).
+    repairing: Cell<bool>,
+    /// Repairs back off (a peer that refuses for good would otherwise get
+    /// everything again every `deliver_within`): the next may start at
+    /// `repair_at_ms` (engine clock); the last started at
+    /// `repair_last_ms`, `repair_backoff_ms` after the one before.
+    repair_at_ms: Cell<u64>,
+    repair_last_ms: Cell<u64>,
+    repair_backoff_ms: Cell<u64>,
     /// The current outage's lateness was logged (reset once the queue
     /// drains).
     late_logged: Cell<bool>,
@@ -385,6 +399,10 @@ impl Peer {
             retired: Cell::new(false),
             in_flight: Cell::new(0),
             repair_owed: Cell::new(false),
+            repairing: Cell::new(false),
+            repair_at_ms: Cell::new(0),
+            repair_last_ms: Cell::new(0),
+            repair_backoff_ms: Cell::new(0),
             late_logged: Cell::new(false),
             site,
         })
@@ -498,7 +516,8 @@ impl Replicator {
     pub fn owed(&self, address: &str) -> Option<(usize, bool)> {
         let peers = self.peers.borrow();
         let p = peers.iter().find(|p| p.address == address)?;
-        Some((p.queued.get() + p.in_flight.get(), p.repair_owed.get()))
+        let repair = p.repair_owed.get() || p.repairing.get();
+        Some((p.queued.get() + p.in_flight.get(), repair))
     }
 
     /// The peers (a mask over the peer order) owed a repair whose queue
@@ -507,17 +526,43 @@ impl Replicator {
     /// (`shard/repair.rs`). A message dropped meanwhile marks it again.
     pub fn take_repair(&self) -> u64 {
         let peers = self.peers.borrow();
-        let c = &self.config;
+        let now_ms = clock::now_ms();
         let mut mask = 0u64;
         for (i, p) in peers.iter().enumerate() {
-            let room =
-                p.queued.get() < c.queue_max / 2 && p.queued_bytes.get() < c.queue_bytes_max / 2;
-            if p.repair_owed.get() && room && i < 64 {
+            let due = now_ms >= p.repair_at_ms.get();
+            if p.repair_owed.get() && self.half_empty(p) && due && i < 64 {
                 p.repair_owed.set(false);
+                p.repairing.set(true);
+                let backoff = p.repair_backoff_ms.get().max(REPAIR_BACKOFF_MS_MIN);
+                let quiet = now_ms.saturating_sub(p.repair_last_ms.get()) > 2 * backoff;
+                let next = match quiet {
+                    true => REPAIR_BACKOFF_MS_MIN,
+                    false => (backoff * 2).min(REPAIR_BACKOFF_MS_MAX),
+                };
+                p.repair_backoff_ms.set(next);
+                p.repair_last_ms.set(now_ms);
+                p.repair_at_ms.set(now_ms + next);
                 mask |= 1u64 << i;
             }
         }
         mask
+    }
+
+    /// The repairs of the peers in `mask` ended (every message queued).
+    pub fn repair_done(&self, mask: u64) {
+        for (i, p) in self.peers.borrow().iter().enumerate() {
+            if i < 64 && mask & (1u64 << i) != 0 {
+                p.repairing.set(false);
+            }
+        }
+    }
+
+    /// Whether `p`'s queue is less than half full, in messages and bytes
+    /// (empty, for a queue of one message).
+    fn half_empty(&self, p: &Peer) -> bool {
+        let c = &self.config;
+        2 * p.queued.get() < c.queue_max.max(2)
+            && 2 * p.queued_bytes.get() < c.queue_bytes_max.max(2)
     }
 
     /// Whether every peer in `mask` (over the peer order) has less than
@@ -526,12 +571,10 @@ impl Replicator {
     /// with, the replication of client operations and pops.
     pub fn has_room(&self, mask: u64) -> bool {
         let peers = self.peers.borrow();
-        let c = &self.config;
-        peers.iter().enumerate().all(|(i, p)| {
-            mask & (1u64 << i) == 0
-                || (p.queued.get() < c.queue_max / 2
-                    && p.queued_bytes.get() < c.queue_bytes_max / 2)
-        })
+        peers
+            .iter()
+            .enumerate()
+            .all(|(i, p)| mask & (1u64 << i) == 0 || self.half_empty(p))
     }
 
     /// Whether a message of about `body_bytes` would be queued for every
@@ -594,7 +637,7 @@ impl Replicator {
             start_ms,
             ticket: self.acks.queued(),
             owed: 0,
-            refused: false,
+            refused_since_ms: 0,
             born_ms: now_ms,
         };
         let message = match !self.config.sites && body.uri.is_empty() {
@@ -787,12 +830,17 @@ impl Sender {
         let within_ms = self.config.deliver_within.as_millis() as u64;
         let peer = &self.peer;
         let member = !self.config.sites && !peer.retired.get();
-        // To a member, only what it answered and refused (it is alive, and
-        // a message it refuses for good would hold up every later one).
+        // To a member, only what it answered and refused at every try for
+        // that long (it is alive, and a message it refuses for good would
+        // hold up every later one; a node answering 503 while it recovers
+        // briefly is not that).
         let expired = seg
             .messages
             .iter()
-            .take_while(|m| m.born_ms + within_ms <= now_ms && (m.refused || !member))
+            .take_while(|m| match member {
+                true => m.refused_since_ms != 0 && m.refused_since_ms + within_ms <= now_ms,
+                false => m.born_ms + within_ms <= now_ms,
+            })
             .count();
         let late = seg
             .messages
@@ -904,12 +952,19 @@ impl Sender {
             bytes: peer.spare.borrow_mut().pop().unwrap_or_default(),
             messages: Vec::with_capacity(again.len()),
         };
+        let now_ms = clock::now_ms();
         for &i in &again {
             retry.bytes.extend_from_slice(seg.request(i));
+            let m = &seg.messages[i];
+            let refused_since_ms = match statuses.get(i) {
+                Some(_) if m.refused_since_ms == 0 => now_ms,
+                Some(_) => m.refused_since_ms,
+                None => 0,
+            };
             retry.messages.push(Message {
                 end: retry.bytes.len() as u32,
-                refused: seg.messages[i].refused || statuses.get(i).is_some(),
-                ..seg.messages[i]
+                refused_since_ms,
+                ..*m
             });
         }
         count(stats, Some(peer), Count::Retried, retry.count() as u64);
@@ -1101,7 +1156,7 @@ mod tests {
                 start_ms: 1_000 + i as u64,
                 ticket: 0,
                 owed: 0,
-                refused: false,
+                refused_since_ms: 0,
                 born_ms,
             });
         }

@@ -114,17 +114,42 @@ pub async fn catch_up(shard: &Rc<Shard>) {
     let deadline = started + Duration::from_millis(CATCH_UP_MS_MAX);
     let cluster = shard.cluster();
     let timeout = Duration::from_millis(shard.resolved.config.cluster.replication_timeout_ms);
-    let client = Client::new(ClientConfig {
-        timeout: timeout + Duration::from_millis(HANDOFF_WAIT_MS_MAX),
-        connect_timeout: timeout.min(Duration::from_secs(1)),
-        per_host_max: 1,
-    })
-    .with_peer_tls(shard.resolved.peer_tls.as_ref().map(tls::for_shard));
+    let client = Rc::new(
+        Client::new(ClientConfig {
+            timeout: timeout + Duration::from_millis(HANDOFF_WAIT_MS_MAX),
+            connect_timeout: timeout.min(Duration::from_secs(1)),
+            per_host_max: 1,
+        })
+        .with_peer_tls(shard.resolved.peer_tls.as_ref().map(tls::for_shard)),
+    );
     let me = cluster.local_address.clone();
+    // Every peer at once, each within what is left of the bound.
+    let asks: Vec<_> = cluster
+        .all_nodes()
+        .filter(|n| n.address != me)
+        .map(|node| {
+            let (shard, client, node, me) =
+                (shard.clone(), client.clone(), node.clone(), me.clone());
+            glommio::spawn_local(async move {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let asked =
+                    async { ask_until_settled(&shard, &client, &node, &me, deadline).await };
+                let bound = async {
+                    glommio::timer::sleep(left).await;
+                    false
+                };
+                (
+                    node.address.clone(),
+                    futures_lite::future::or(asked, bound).await,
+                )
+            })
+        })
+        .collect();
     let mut waited_out = Vec::new();
-    for node in cluster.all_nodes().filter(|n| n.address != me) {
-        if !ask_until_settled(shard, &client, node, &me, deadline).await {
-            waited_out.push(node.address.clone());
+    for ask in asks {
+        let (address, settled) = ask.await;
+        if !settled {
+            waited_out.push(address);
         }
     }
     let ms = started.elapsed().as_millis();

@@ -117,7 +117,7 @@ impl Shard {
             ShardStats::add(&self.my_stats().timers_created, 1);
         }
         let ticket = self.open_ticket(pl.my_index.is_none());
-        self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()));
+        self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()), true);
         self.replicator.acks().close_queueing();
         Ok((id, ticket))
     }
@@ -141,35 +141,35 @@ impl Shard {
             return Ok(());
         }
         let bound_ms = 2 * self.resolved.config.cluster.replication_timeout_ms;
-        let limit = glommio::timer::sleep(Duration::from_millis(bound_ms));
+        // A reused timer: no allocation on this path when it goes well.
+        let limit = crate::runtime::sleep::sleep(Duration::from_millis(bound_ms));
         let acked = async { Some(self.replicator.acks().wait(ticket).await) };
         let timed_out = async {
             limit.await;
             None
         };
-        let id = String::from_utf8_lossy(&id.to_hex()).into_owned();
-        match futures_lite::future::or(acked, timed_out).await {
+        let outcome = futures_lite::future::or(acked, timed_out).await;
+        let id = || String::from_utf8_lossy(&id.to_hex()).into_owned();
+        match outcome {
             Some(Ok(())) => Ok(()),
             Some(Err(())) => Err(OpError::new(
                 503,
-                format!("timer {id}: this node is not one of its replicas, and every replica refused its replication or it could not be queued: not stored; retry later"),
+                format!("timer {}: this node is not one of its replicas, and every replica refused its replication or it could not be queued: not stored; retry later", id()),
             )),
             None => Err(OpError::new(
                 503,
-                format!("timer {id}: this node is not one of its replicas, and none acknowledged its replication within {bound_ms} ms; it stays queued for them and may still take effect (repeat it, or DELETE the ID, to be sure)"),
+                format!("timer {}: this node is not one of its replicas, and none acknowledged its replication within {bound_ms} ms; it stays queued for them and may still take effect (repeat it, or DELETE the ID, to be sure)", id()),
             )),
         }
     }
 
-    /// A node that is not one of a timer's replicas keeps nothing of it,
-    /// so a client's timer exists only if at least one replica's
-    /// replication queue takes it: refuse (503) rather than answer 200
-    /// for a timer no node holds.
+    /// A node that is not one of a timer's replicas keeps nothing of it
+    /// that pops, and cannot repair a replica from what it keeps, so its
+    /// client's change must reach every replica's replication queue:
+    /// refuse (503) rather than answer 200 for a change a replica could
+    /// miss for good (issue 37's review: 19 of 24 deletes through a
+    /// non-replica were dropped at a full queue and undone).
     fn check_backed(&self, pl: &Placement, spec: &TimerSpec) -> Result<(), OpError> {
-        let replicas = self.without_me(pl.mask());
-        if pl.my_index.is_some() || replicas == 0 {
-            return Ok(());
-        }
         // The body's size, over-estimated (escapes, tags, replica list).
         // JSON escapes take at most 6 bytes per byte (`\u00XX`).
         let bytes = BODY_BYTES_BASE
@@ -177,17 +177,18 @@ impl Shard {
             + 6 * spec.opaque.len()
             + 64 * spec.tags.len()
             + 32 * pl.count;
-        let mut rest = replicas;
-        while rest != 0 {
-            let peer = rest & rest.wrapping_neg();
-            rest &= rest - 1;
-            if self.replicator.can_queue(peer, bytes) {
-                return Ok(());
-            }
+        self.check_queued(pl, bytes)
+    }
+
+    /// [`Shard::check_backed`] for a message of about `bytes`.
+    fn check_queued(&self, pl: &Placement, bytes: usize) -> Result<(), OpError> {
+        let replicas = self.without_me(pl.mask());
+        if pl.my_index.is_some() || replicas == 0 || self.replicator.can_queue(replicas, bytes) {
+            return Ok(());
         }
         Err(OpError::new(
             503,
-            "this node is not one of the timer's replicas and the replication queue to every replica is full (replication-queue-max, replication-queue-bytes-max): not stored; retry later",
+            "this node is not one of the timer's replicas and the replication queue to one of them is full (replication-queue-max, replication-queue-bytes-max): not stored; retry later",
         ))
     }
 
@@ -210,16 +211,22 @@ impl Shard {
         self.check_backed(&pl, &spec)?;
         let local = pl.my_index.map(|_| spec.clone());
         let stored_factor = self.route_apply(head, local, Source::Client).await?;
-        let targets = self.without_me(pl.mask() | self.holders(id, stored_factor));
+        // The ticket covers the new replicas' messages only: a holder that
+        // is no longer one keeps a tombstone, which holds nothing to pop.
+        let replicas = self.without_me(pl.mask());
+        let others = self.without_me(self.holders(id, stored_factor)) & !replicas;
         let ticket = self.open_ticket(pl.my_index.is_none());
-        self.replicate_spec(&head, &spec, &pl, targets);
+        self.replicate_spec(&head, &spec, &pl, replicas, true);
         self.replicator.acks().close_queueing();
+        self.replicate_spec(&head, &spec, &pl, others, false);
         self.replica_acked(new_id, ticket).await?;
         Ok(new_id)
     }
 
     /// `DELETE /timers/<id>` from a client: a tombstone here and on every
-    /// node that may hold a copy (see [`Shard::holders`]). Idempotent.
+    /// node that may hold a copy (see [`Shard::holders`]). Idempotent. A
+    /// node that is not one of the timer's replicas answers once a replica
+    /// took it, and refuses (503) when a replica's queue is full.
     pub async fn client_delete(&self, id: TimerId) -> Result<(), OpError> {
         let head = TimerHead {
             id,
@@ -235,27 +242,41 @@ impl Shard {
             site_index: 0,
             sites: self.resolved.sites.own_list(),
         };
+        let named = self.cluster().bloom_matches(id.bloom);
+        let guess = self.default_factor().max(named.count_ones() as u8) as usize;
+        self.check_queued(
+            &self.placement(id.unique, guess),
+            BODY_BYTES_BASE + 32 * NODES_MAX,
+        )?;
         let stored_factor = self.route_apply(head, None, Source::Client).await?;
-        let named = self.holders(id, stored_factor);
-        let targets = self.without_me(named);
         let factor = self.default_factor().max(stored_factor) as usize;
-        let replica = self.placement(id.unique, factor).my_index.is_some();
-        let ticket = self.open_ticket(!replica && targets != 0);
-        if targets != 0 {
-            let cluster = self.cluster();
-            let mut names = [""; NODES_MAX];
-            let mut n = 0;
-            for (i, node) in cluster.all_nodes().enumerate() {
-                if named & (1u64 << i) != 0 {
-                    names[n] = &node.address;
-                    n += 1;
-                }
-            }
-            self.send_replication(&cluster, &head, ("", ""), &[], &names[..n], targets);
-        }
+        let pl = self.placement(id.unique, factor);
+        let holders = self.holders(id, stored_factor);
+        let replicas = self.without_me(pl.mask());
+        // The ticket covers the replicas' messages only (as an update's).
+        let ticket = self.open_ticket(pl.my_index.is_none());
+        self.send_delete(&head, holders, replicas);
         self.replicator.acks().close_queueing();
+        self.send_delete(&head, holders, self.without_me(holders) & !replicas);
         self.send_to_sites(&head, ("", ""), &[]);
         self.replica_acked(id, ticket).await
+    }
+
+    /// Queue a delete's tombstone for `targets`, naming `holders`.
+    fn send_delete(&self, head: &TimerHead, holders: u64, targets: u64) {
+        if targets == 0 {
+            return;
+        }
+        let cluster = self.cluster();
+        let mut names = [""; NODES_MAX];
+        let mut n = 0;
+        for (i, node) in cluster.all_nodes().enumerate() {
+            if holders & (1u64 << i) != 0 {
+                names[n] = &node.address;
+                n += 1;
+            }
+        }
+        self.send_replication(&cluster, head, ("", ""), &[], &names[..n], targets);
     }
 
     /// Every node of the current view that may hold a copy of `id`, as a

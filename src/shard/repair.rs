@@ -16,7 +16,9 @@
 //! Bounds: the store is scanned in slices of [`SLICE`] entries, breathing
 //! between slices; the candidates of one slice (16 B each) are the only
 //! memory held; each send waits for room in the peer's queue ([`Room`]).
-//! The loop looks for marks every [`POLL`].
+//! The loop looks for marks every [`POLL`]. A peer's repairs back off
+//! (5 s, doubling to 10 min while they follow each other): one that
+//! refuses a message for good is not sent everything every window.
 //!
 //! [`Replicator::take_repair`]: crate::cluster::replicate::Replicator::take_repair
 
@@ -46,6 +48,7 @@ pub async fn repair_loop(shard: Rc<Shard>) {
         let peers = shard.replicator.take_repair();
         if peers != 0 {
             repair(&shard, peers).await;
+            shard.replicator.repair_done(peers);
         }
     }
 }

@@ -110,10 +110,12 @@ impl Shard {
         spec: &TimerSpec,
         pl: &Placement,
         targets: u64,
+        sites: bool,
     ) {
         // Nothing to send (one node, one site): no replica names and tag
         // table to fill (1.8 KiB of arrays per POST).
-        if targets == 0 && !self.sends_to_sites(head) {
+        let sites = sites && self.sends_to_sites(head);
+        if targets == 0 && !sites {
             return;
         }
         let cluster = self.cluster();
@@ -134,7 +136,9 @@ impl Shard {
                 targets,
             );
         }
-        self.send_to_sites(head, callback, &tags[..tag_count]);
+        if sites {
+            self.send_to_sites(head, callback, &tags[..tag_count]);
+        }
     }
 
     /// After a successful callback: tell the other replicas that pop

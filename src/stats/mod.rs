@@ -227,8 +227,9 @@ macro_rules! counters {
             /// Set with `storage_failure` (read on every change and pop).
             pub storage_failed: std::sync::atomic::AtomicBool,
             /// `[storage]`: bytes free on the log's file system, as last
-            /// read (0: not read yet).
+            /// read, once `storage_free_read`.
             pub storage_free_bytes: AtomicI64,
+            pub storage_free_read: std::sync::atomic::AtomicBool,
             /// Shard 0's: the node is taking what its peers owe it before it
             /// pops (`shard/handoff.rs`; not ready).
             pub catching_up: std::sync::atomic::AtomicBool,
@@ -627,8 +628,8 @@ fn storage_metrics(out: &mut String, shards: &[ShardStats]) {
     let _ = writeln!(out, "# HELP chronos_storage_snapshot_age_seconds Age of the oldest shard's last snapshot (-1: none yet).\n# TYPE chronos_storage_snapshot_age_seconds gauge\nchronos_storage_snapshot_age_seconds {age}");
     let free = shards
         .iter()
+        .filter(|s| s.storage_free_read.load(Relaxed))
         .map(|s| s.storage_free_bytes.load(Relaxed))
-        .filter(|b| *b > 0)
         .min()
         .unwrap_or(-1);
     let _ = writeln!(out, "# HELP chronos_storage_free_bytes Bytes free on the timer log's file system (the least any shard read; -1: not read). Below [storage] free-bytes-min, creates and updates get 503.\n# TYPE chronos_storage_free_bytes gauge\nchronos_storage_free_bytes {free}");

@@ -190,10 +190,14 @@ impl Log {
     /// ([`Log::space_low`]). Logs each crossing.
     pub fn set_free_bytes(&self, free: u64) {
         self.free_bytes.set(free);
-        self.my_stats().storage_free_bytes.store(
-            free.min(i64::MAX as u64) as i64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        let stats = self.my_stats();
+        let free_i64 = free.min(i64::MAX as u64) as i64;
+        stats
+            .storage_free_bytes
+            .store(free_i64, std::sync::atomic::Ordering::Relaxed);
+        stats
+            .storage_free_read
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let low = free < self.cfg.free_bytes_min;
         if low == self.space_low.replace(low) {
             return;
