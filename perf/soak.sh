@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The fault soak (issue 21 item 6): three chronos nodes with [storage]
-# under a create/delete load while a nemesis kills, splits, grows and
-# shrinks the cluster; then the invariants (perf/README.md, "Fault soak").
+# The fault soak (issue 21 item 6, issue 37 item 5): three chronos nodes
+# with [storage] under a create/delete/update load while a nemesis kills
+# (also past the replication delivery window), splits, grows and shrinks
+# the cluster by rolling reloads; then the invariants (perf/README.md,
+# "Fault soak").
 # Exit status: 0 every invariant held, 1 one failed, 2 the run could not
 # be made, 3 it overran its time bound. Run as root for the net split
 # (network namespaces); without it the split is skipped, loudly.

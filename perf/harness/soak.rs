@@ -1087,7 +1087,7 @@ fn node_counters(c: &Cluster) -> Vec<String> {
                     .iter()
                     .map(|(what, name)| format!("{what} {}", counter(&m, name)))
                     .collect();
-                format!("node {i}: {}", parts.join(", "))
+                format!("node {i} (since its last start): {}", parts.join(", "))
             }
             Err(e) => format!("node {i}: {e}"),
         })
