@@ -444,3 +444,111 @@ fn deletes_owed_to_a_down_replica_survive_a_restart_of_the_node_that_owes_them()
         paths(&pops)
     );
 }
+
+/// Reproduction 2 carried through the whole grow (the soak's finding): a
+/// delete through B, not yet reloaded, cannot name the joiner C, to which
+/// A (reloaded) already queued the create. A passes the delete on to the
+/// replicas of its own view; C, started afterwards, pops none of them.
+#[test]
+fn a_delete_through_a_node_not_yet_reloaded_reaches_the_joiner() {
+    let port = cluster_port(3);
+    let a = start(1, port, &config(1, port, &[1, 2], &[], ""));
+    let b = start(2, port, &config(2, port, &[1, 2], &[], ""));
+    let sink = Sink::start(Behaviour::Ok);
+    reload(&a, &config(1, port, &[1, 2], &[3], ""));
+    let ids: Vec<String> = (0..20)
+        .map(|i| a.create(&body(12, &sink.uri(&format!("/j/{i}")), "j", None)))
+        .collect();
+    let created = Instant::now();
+    delete_all(&b, &ids);
+    reload(&b, &config(2, port, &[1, 2], &[3], ""));
+    let c = start(3, port, &config(3, port, &[1, 2], &[3], ""));
+    for node in [&a, &b, &c] {
+        resync_cli(node);
+    }
+    for (i, node) in [&a, &b, &c].into_iter().enumerate() {
+        reload(node, &config(i + 1, port, &[1, 2, 3], &[], ""));
+    }
+    assert!(
+        created.elapsed() < Duration::from_secs(12),
+        "deleted before due"
+    );
+    let pops = pops_once_done(&sink, &[&a, &b, &c], "/j/");
+    assert!(
+        pops.is_empty(),
+        "{} pops of deleted timers: {:?}",
+        pops.len(),
+        paths(&pops)
+    );
+}
+
+/// The soak's finding: a client's `PUT` whose apply awaits while a reload
+/// moves a member to `leaving` named its replicas by a placement of the
+/// old view in the new one, and the node panicked (index out of bounds).
+/// PUTs through A while A's config flips between both; A stays up.
+#[test]
+fn a_put_racing_a_reload_that_moves_a_member_to_leaving_is_answered() {
+    let port = cluster_port(4);
+    let dir = Dir::new("flip");
+    let flip = |leaving: bool| {
+        let (nodes, gone): (&[usize], &[usize]) = match leaving {
+            true => (&[1, 2, 3], &[4]),
+            false => (&[1, 2, 3, 4], &[]),
+        };
+        let list = |l: &[usize]| {
+            l.iter()
+                .map(|&k| addr(k, port))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "[runtime]\ncores = 1\n[cluster]\nlocalhost = {}\nnode = [{}]\nleaving = [{}]\n{}",
+            addr(1, port),
+            list(nodes),
+            list(gone),
+            dir.section()
+        )
+    };
+    let mut a = start(1, port, &flip(false));
+    let others: Vec<Node> = (2..=4)
+        .map(|i| start(i, port, &config(i, port, &[1, 2, 3, 4], &[], "")))
+        .collect();
+    let sink = Sink::start(Behaviour::Ok);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let putters: Vec<_> = (0..4u64)
+        .map(|k| {
+            let (addr, uri, stop) = (a.addr, sink.uri("/p"), stop.clone());
+            std::thread::spawn(move || {
+                let mut unique = (k + 1) << 40;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    unique += 1;
+                    let path = format!("/timers/{unique:016x}{:016x}", 0);
+                    let _ = try_request(
+                        addr,
+                        "PUT",
+                        &path,
+                        &[],
+                        body(3600, &uri, "p", None).as_bytes(),
+                    );
+                }
+            })
+        })
+        .collect();
+    for i in 0..40 {
+        std::fs::write(a.config_path(), flip(i % 2 == 0)).unwrap();
+        a.signal(libc::SIGHUP);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            a.child.try_wait().unwrap().is_none(),
+            "A died:\n{}",
+            a.log_text()
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for p in putters {
+        p.join().unwrap();
+    }
+    assert!(a.wait_exit(Duration::from_millis(200)).is_none(), "A is up");
+    assert!(!a.log_text().contains("panicked"), "{}", a.log_text());
+    drop(others);
+}

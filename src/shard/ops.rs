@@ -211,6 +211,10 @@ impl Shard {
         self.check_backed(&pl, &spec)?;
         let local = pl.my_index.map(|_| spec.clone());
         let stored_factor = self.route_apply(head, local, Source::Client).await?;
+        // A reload may have come during the await: the replicas are placed
+        // and named under the view of now (a placement of the old view
+        // named members the new one no longer had: a panic in the soak).
+        let pl = self.placement(id.unique, self.factor_requested(&spec) as usize);
         // The ticket covers the new replicas' messages only: a holder that
         // is no longer one keeps a tombstone, which holds nothing to pop.
         let replicas = self.without_me(pl.mask());
@@ -509,7 +513,28 @@ impl Shard {
         if let Some(due) = placed {
             self.pop.wake_if_before(due);
         }
+        if source != Source::Client && head.sequence == 0 && head.view != self.view() {
+            self.pass_on(&head);
+        }
         Ok(stored_factor)
+    }
+
+    /// A client's change (sequence 0) that came from a node on another
+    /// cluster view (a rolling reload: it has not reloaded yet) names the
+    /// replicas of its view; those of this node's view it could not name
+    /// (a joiner it has not heard of) get it from here, as it now stands,
+    /// `only-newer` (issue 37: a delete through a node not yet reloaded
+    /// missed the joiner, which popped the timer). A node of the same view
+    /// receiving it does not pass it on again.
+    fn pass_on(&self, head: &TimerHead) {
+        let cluster = self.cluster();
+        let factor = self.default_factor().max(head.factor_requested) as usize;
+        let named = cluster.bloom_matches(head.id.bloom);
+        let mine = self.placement(head.id.unique, factor).mask();
+        let targets = self.without_me(mine) & !named;
+        if targets != 0 {
+            self.resend_to(head.id.unique, targets, 0);
+        }
     }
 
     /// Seed 003's informational timers: when an old-view live copy that
