@@ -447,8 +447,8 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
             let _ = reply.send(Reply::Tags(shard.store.borrow().tag_values()));
         }
         MeshMsg::Owed { node, reply } => {
-            let (owed, repair) = shard.replicator.owed(&node).unwrap_or((0, false));
-            let _ = reply.send(Reply::Owed(owed, repair));
+            let (queued, settled, repair) = shard.replicator.owed(&node).unwrap_or((0, 0, false));
+            let _ = reply.send(Reply::Owed(queued, settled, repair));
         }
     }
 }

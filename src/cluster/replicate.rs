@@ -361,6 +361,12 @@ struct Peer {
     /// Messages taken off the queue and not yet settled (the batch being
     /// delivered): with `queued`, what the peer is still owed.
     in_flight: Cell<usize>,
+    /// Messages ever queued for it, and ever settled (taken, refused or
+    /// given up): a hand-off waits until `settled` reaches what `queued_total`
+    /// was when it asked (a snapshot: new messages under load do not hold
+    /// it up).
+    queued_total: Cell<u64>,
+    settled_total: Cell<u64>,
     /// A message to this member was dropped at a full queue: the shard
     /// owes it a repair ([`Replicator::take_repair`]).
     repair_owed: Cell<bool>,
@@ -398,6 +404,8 @@ impl Peer {
             running: Cell::new(false),
             retired: Cell::new(false),
             in_flight: Cell::new(0),
+            queued_total: Cell::new(0),
+            settled_total: Cell::new(0),
             repair_owed: Cell::new(false),
             repairing: Cell::new(false),
             repair_at_ms: Cell::new(0),
@@ -510,14 +518,14 @@ impl Replicator {
         self.peers.borrow().get(i).map(|p| p.address.clone())
     }
 
-    /// What this shard still owes the peer at `address`: messages queued or
-    /// being delivered, and whether it owes it a repair. `None` if it is
-    /// not a peer.
-    pub fn owed(&self, address: &str) -> Option<(usize, bool)> {
+    /// What this shard has owed the peer at `address`: messages ever
+    /// queued for it, ever settled (taken, refused or given up), and
+    /// whether it owes it a repair. `None` if it is not a peer.
+    pub fn owed(&self, address: &str) -> Option<(u64, u64, bool)> {
         let peers = self.peers.borrow();
         let p = peers.iter().find(|p| p.address == address)?;
         let repair = p.repair_owed.get() || p.repairing.get();
-        Some((p.queued.get() + p.in_flight.get(), repair))
+        Some((p.queued_total.get(), p.settled_total.get(), repair))
     }
 
     /// The peers (a mask over the peer order) owed a repair whose queue
@@ -653,6 +661,7 @@ impl Replicator {
         let added = self.append(p, id, &scratch, message);
         assert!(added <= bytes, "the head fits its allowance");
         set_queued(self.stats(), p, p.queued.get() + 1);
+        p.queued_total.set(p.queued_total.get() + 1);
         p.queued_bytes.set(p.queued_bytes.get() + added);
         assert!(p.queued.get() <= self.config.queue_max);
         if !p.running.get() && self.start_sender(p) {
@@ -751,6 +760,8 @@ struct Sender {
 impl Sender {
     /// Message `m` is settled for good: taken, refused or given up.
     fn settled(&self, m: &Message, taken: bool) {
+        let peer = &self.peer;
+        peer.settled_total.set(peer.settled_total.get() + 1);
         self.acks.settle(m.ticket, taken);
         if m.owed != 0 {
             self.owed.settle(m.owed);

@@ -9,7 +9,10 @@
 //! the delete arrives. So after every shard has replayed its log, shard 0
 //! asks every other node what it still owes this one
 //! (`GET /handoff?node=<this node>&wait-ms=<n>`): the peer answers once
-//! its shards owe nothing (every message delivered, no repair pending) or
+//! its shards have settled every message they had queued for it when
+//! asked (a count: `queued_total` then against `settled_total` now, so
+//! the messages load keeps queueing do not hold it up; a retried one
+//! behind a settled one may be counted early) and owe it no repair, or
 //! `wait-ms` has passed, with `{"owed":N,"repair":false}`. Until every
 //! peer said nothing is owed, or could not be reached (a peer that is
 //! down owes nothing it can deliver now), or [`CATCH_UP_MS_MAX`] passed,
@@ -40,32 +43,49 @@ pub const HANDOFF_WAIT_MS_MAX: u64 = 5_000;
 const POLL: Duration = Duration::from_millis(20);
 
 impl Shard {
-    /// What this node's shards still owe the node at `address`: messages
-    /// queued or being delivered, and whether any owes it a repair.
-    pub async fn owed_to(&self, address: &str) -> (usize, bool) {
-        let (mut owed, mut repair) = self.replicator.owed(address).unwrap_or((0, false));
-        for peer in (0..self.shards).filter(|p| *p != self.id) {
-            let node = address.to_string();
-            let asked = self.mesh.ask(peer, |reply| MeshMsg::Owed { node, reply });
-            if let Some(Reply::Owed(n, r)) = asked.await {
-                owed += n;
-                repair |= r;
-            }
+    /// Per shard, what it has owed the node at `address`: messages ever
+    /// queued for it and ever settled; and whether any owes it a repair.
+    pub async fn owed_to(&self, address: &str, out: &mut Vec<(u64, u64)>) -> bool {
+        out.clear();
+        let mut repair = false;
+        for shard in 0..self.shards {
+            let (queued, settled, r) = if shard == self.id {
+                self.replicator.owed(address).unwrap_or((0, 0, false))
+            } else {
+                let node = address.to_string();
+                let asked = self.mesh.ask(shard, |reply| MeshMsg::Owed { node, reply });
+                match asked.await {
+                    Some(Reply::Owed(q, s, r)) => (q, s, r),
+                    _ => (0, 0, false),
+                }
+            };
+            out.push((queued, settled));
+            repair |= r;
         }
-        (owed, repair)
+        repair
     }
 
     /// `GET /handoff?node=<address>[&wait-ms=<n>]`: the JSON answer once
-    /// nothing is owed to that node or `wait-ms` (at most
+    /// every message this node had queued for that node when asked is
+    /// settled and no repair is owed, or `wait-ms` (at most
     /// [`HANDOFF_WAIT_MS_MAX`]) has passed; `Err` a status and reason.
+    /// Messages queued after the question do not hold the answer up (under
+    /// load the queues are never empty).
     pub async fn handoff(&self, query: &str) -> Result<String, (u16, String)> {
         let (node, wait_ms) = handoff_query(query)?;
         if self.cluster().peer_of(&node).is_none() {
             return Err((404, format!("{node} is not a node of this cluster")));
         }
         let deadline = Instant::now() + Duration::from_millis(wait_ms);
+        let (mut asked, mut now) = (Vec::new(), Vec::new());
+        self.owed_to(&node, &mut asked).await;
         loop {
-            let (owed, repair) = self.owed_to(&node).await;
+            let repair = self.owed_to(&node, &mut now).await;
+            let owed: u64 = asked
+                .iter()
+                .zip(&now)
+                .map(|(&(queued, _), &(_, settled))| queued.saturating_sub(settled))
+                .sum();
             let done = owed == 0 && !repair;
             if done || Instant::now() >= deadline || self.gate.is_closing() {
                 return Ok(format!("{{\"owed\":{owed},\"repair\":{repair}}}"));

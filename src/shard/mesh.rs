@@ -52,7 +52,7 @@ pub enum Reply {
     Marked(usize),
     /// The number of the resync run that will serve the request.
     ResyncRun(u64),
-    /// Messages queued or in flight to the node asked about, and whether
-    /// a repair is owed to it.
-    Owed(usize, bool),
+    /// Messages ever queued for and ever settled with the node asked
+    /// about, and whether a repair is owed to it.
+    Owed(u64, u64, bool),
 }
