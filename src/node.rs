@@ -26,7 +26,9 @@ use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
 use crate::runtime::systemd;
 use crate::runtime::{EngineConfig, ShardCtx, SignalHook, DRAIN_TIMEOUT, SIGHUP, SIGUSR1};
 use crate::shard::rebalance::resync_loop;
-use crate::shard::{durable, handoff, pop_loop, repair_loop, MeshMsg, Reply, Shard};
+use crate::shard::{
+    durable, handoff, pop_loop, repair_loop, resend_deletes, MeshMsg, Reply, Shard,
+};
 use crate::stats::ShardStats;
 use crate::storage::{self, Recovered};
 use std::path::PathBuf;
@@ -376,7 +378,11 @@ fn ready_check(node: &Arc<NodeShared>) -> ReadyCheck {
 /// Apply reloaded clusters (SIGHUP) until shutdown.
 async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Reloaded>>) {
     while let Some(Ok(next)) = shard.gate.unless_closing(reloads.recv()).await {
+        let before = shard.cluster().view_id;
         shard.set_cluster(&next.cluster);
+        if next.cluster.view_id != before && shard.has_peers() {
+            shard.gate.spawn(resend_deletes(shard.clone()));
+        }
         shard.store.borrow_mut().ids.set_instance(next.instance_id);
         shard.set_guard(next.guard.clone());
     }

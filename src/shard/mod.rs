@@ -44,7 +44,7 @@ mod view;
 pub use mesh::{MeshMsg, Reply};
 pub use ops::{OpError, TOMBSTONE_MS_DEFAULT};
 pub use pop::{pop_loop, PopState, POPS_PER_TURN_MAX};
-pub use repair::repair_loop;
+pub use repair::{repair_loop, resend_deletes};
 pub use store::Store;
 
 use crate::cluster::replicate::{Replicator, ReplicatorConfig};

@@ -53,6 +53,55 @@ pub async fn repair_loop(shard: Rc<Shard>) {
     }
 }
 
+/// After a reload that changed the view: send every delete this shard
+/// holds (a client's tombstone, where this node is one of the timer's
+/// replicas) to the timer's replicas under the new view, `only-newer`.
+/// A delete taken by a node still on the old view could not name a
+/// joiner that a node already reloaded had queued the create for, and
+/// a resync lists live timers, not tombstones (the fault soak: the
+/// joiner popped deleted timers). Tombstones are few (they live one
+/// interval and the skews, unless owed), so this is a short scan.
+pub async fn resend_deletes(shard: Rc<Shard>) {
+    let mut room = Room::new(Who::Repair);
+    let mut candidates: Vec<(u64, u64)> = Vec::with_capacity(SLICE);
+    let (mut from, mut queued) = (Some(0usize), 0u64);
+    while let Some(start) = from {
+        candidates.clear();
+        from = shard.store.borrow().scan_slice(start, SLICE, |_, _, t| {
+            // A client's delete (sequence 0), on one of the timer's
+            // replicas under the new view; whatever view it was stored
+            // under (versions decide, and it is sent only-newer).
+            if !t.is_tombstone() || t.sequence != 0 {
+                return;
+            }
+            let pl = shard.placement(t.unique, shard.resend_factor(t) as usize);
+            if pl.my_index.is_none() {
+                return;
+            }
+            let named = shard.cluster().bloom_matches(t.bloom);
+            let targets = shard.without_me(pl.mask() | named);
+            if targets != 0 {
+                candidates.push((t.unique, targets));
+            }
+        });
+        for &(unique, targets) in &candidates {
+            if room
+                .wait(&shard.gate, &shard.replicator, targets)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            queued += shard.resend_to(unique, targets, 0);
+        }
+        bulk::breathe().await;
+    }
+    ShardStats::add(&shard.my_stats().replication_resent, queued);
+    if queued > 0 {
+        tracing::info!(target: "chronos::replication", "shard {}: re-sent {queued} deletes to the timers' replicas under the new view", shard.id);
+    }
+}
+
 /// Send every peer of `peers` (a mask) what this shard holds for it.
 async fn repair(shard: &Rc<Shard>, peers: u64) {
     assert!(peers != 0, "a repair has a peer");

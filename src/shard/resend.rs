@@ -173,7 +173,7 @@ impl Shard {
 
     /// A tombstone reaches every replica the default factor would have
     /// (as a client's delete does); a live timer its own factor's.
-    fn resend_factor(&self, t: &crate::timer::Timer) -> u8 {
+    pub(super) fn resend_factor(&self, t: &crate::timer::Timer) -> u8 {
         match t.is_tombstone() {
             true => t.factor_requested().max(self.default_factor()),
             false => t.factor_requested(),
