@@ -140,15 +140,7 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
 
 /// Why a shard's timer log failed, if one did.
 fn failed_storage(stats: &[ShardStats]) -> Option<String> {
-    let (index, s) = stats
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.storage_failed.load(Ordering::Acquire))?;
-    let why = s
-        .storage_failure
-        .lock()
-        .map(|w| w.clone())
-        .unwrap_or_default();
+    let (index, why) = ShardStats::storage_failure(stats)?;
     Some(format!("the timer log of shard {index} failed ({why})"))
 }
 

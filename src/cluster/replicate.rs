@@ -279,8 +279,9 @@ struct Message {
     /// not a tombstone, or to another site).
     owed: u64,
     /// Engine-clock ms since when the peer has answered it, at every try,
-    /// with a status worth retrying (5xx, 408, 429): it is alive and
-    /// refuses this message (0: not refusing; an unanswered try resets it).
+    /// with a status worth retrying (5xx, 408, 429), counted from a try
+    /// where it took others: it is alive and refuses this message (0: not
+    /// refusing; a try left unanswered resets it).
     refused_since_ms: u64,
     /// Engine-clock ms it was first queued: past `deliver_within` a
     /// message to another site is given up, never sent (a tombstone may
@@ -745,6 +746,39 @@ impl Replicator {
     }
 }
 
+/// The next batch for `peer`: its first segment, with the segments after
+/// it appended while the whole stays within [`BATCH_MAX`] requests and
+/// [`SEGMENT_BYTES_MAX`] bytes. A retried segment (what the peer refused
+/// or did not answer, put back alone at the front) so goes out with the
+/// messages queued behind it, and a message the peer refuses while it
+/// takes others can be told from a peer that takes nothing.
+fn take_batch(peer: &Peer) -> Option<Segment> {
+    let mut segments = peer.segments.borrow_mut();
+    let mut seg = segments.pop_front()?;
+    while let Some(next) = segments.front() {
+        let fits = seg.count() + next.count() <= BATCH_MAX
+            && seg.bytes.len() + next.bytes.len() <= SEGMENT_BYTES_MAX;
+        if !fits {
+            break;
+        }
+        let next = segments.pop_front().expect("just seen");
+        let shift = seg.bytes.len() as u32;
+        seg.bytes.extend_from_slice(&next.bytes);
+        seg.messages.extend(next.messages.iter().map(|m| Message {
+            end: m.end + shift,
+            ..*m
+        }));
+        let mut spare = peer.spare.borrow_mut();
+        if spare.len() < SPARE_SEGMENTS_MAX {
+            let mut bytes = next.bytes;
+            bytes.clear();
+            spare.push(bytes);
+        }
+    }
+    assert!(seg.count() <= BATCH_MAX, "a batch is bounded");
+    Some(seg)
+}
+
 /// One peer's sender task.
 struct Sender {
     peer: Rc<Peer>,
@@ -775,7 +809,7 @@ impl Sender {
         // Reused for every segment (at most `BATCH_MAX` statuses).
         let mut statuses = Vec::with_capacity(BATCH_MAX);
         loop {
-            let next = peer.segments.borrow_mut().pop_front();
+            let next = take_batch(peer);
             let Some(mut seg) = next else {
                 if self.gate.is_closing() || peer.retired.get() {
                     peer.running.set(false);
@@ -964,11 +998,19 @@ impl Sender {
             messages: Vec::with_capacity(again.len()),
         };
         let now_ms = clock::now_ms();
+        // A refusal starts counting against a message only when the peer
+        // took others of the batch: a peer refusing everything (503 while
+        // it replays its log, or while its disk is behind) is unavailable,
+        // as one that does not answer is, and is waited for (the soak: a
+        // node restarted from a long log had its deletes given up). Once
+        // started, the count goes on while the message is refused, alone
+        // or not; a try left unanswered ends it.
+        let took_others = statuses.iter().any(|s| (200..300).contains(s));
         for &i in &again {
             retry.bytes.extend_from_slice(seg.request(i));
             let m = &seg.messages[i];
             let refused_since_ms = match statuses.get(i) {
-                Some(_) if m.refused_since_ms == 0 => now_ms,
+                Some(_) if m.refused_since_ms == 0 && took_others => now_ms,
                 Some(_) => m.refused_since_ms,
                 None => 0,
             };

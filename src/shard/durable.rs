@@ -50,21 +50,8 @@ impl Shard {
     /// Why any shard's log failed, if one did: then this node pops and
     /// acknowledges nothing more, and stops (fail-stop, issue 38).
     pub fn storage_failure(&self) -> Option<String> {
-        let failed = self
-            .stats
-            .iter()
-            .enumerate()
-            .find(|(_, s)| s.storage_failed.load(Ordering::Acquire))?;
-        let why = failed
-            .1
-            .storage_failure
-            .lock()
-            .map(|w| w.clone())
-            .unwrap_or_default();
-        Some(format!(
-            "the timer log of shard {} failed ({why})",
-            failed.0
-        ))
+        let (index, why) = ShardStats::storage_failure(&self.stats)?;
+        Some(format!("the timer log of shard {index} failed ({why})"))
     }
 
     /// Whether a change may be made now: not once any shard's log has

@@ -26,6 +26,7 @@ use super::room::{Room, Who};
 use super::Shard;
 use crate::runtime::bulk;
 use crate::stats::ShardStats;
+use crate::timer::Timer;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -62,40 +63,20 @@ pub async fn repair_loop(shard: Rc<Shard>) {
 /// joiner popped deleted timers). Tombstones are few (they live one
 /// interval and the skews, unless owed), so this is a short scan.
 pub async fn resend_deletes(shard: Rc<Shard>) {
-    let mut room = Room::new(Who::Repair);
-    let mut candidates: Vec<(u64, u64)> = Vec::with_capacity(SLICE);
-    let (mut from, mut queued) = (Some(0usize), 0u64);
-    while let Some(start) = from {
-        candidates.clear();
-        from = shard.store.borrow().scan_slice(start, SLICE, |_, _, t| {
-            // A client's delete (sequence 0), on one of the timer's
-            // replicas under the new view; whatever view it was stored
-            // under (versions decide, and it is sent only-newer).
-            if !t.is_tombstone() || t.sequence != 0 {
-                return;
-            }
-            let pl = shard.placement(t.unique, shard.resend_factor(t) as usize);
-            if pl.my_index.is_none() {
-                return;
-            }
-            let named = shard.cluster().bloom_matches(t.bloom);
-            let targets = shard.without_me(pl.mask() | named);
-            if targets != 0 {
-                candidates.push((t.unique, targets));
-            }
-        });
-        for &(unique, targets) in &candidates {
-            if room
-                .wait(&shard.gate, &shard.replicator, targets)
-                .await
-                .is_err()
-            {
-                return;
-            }
-            queued += shard.resend_to(unique, targets, 0);
+    let queued = send_selected(&shard, |t| {
+        // A client's delete (sequence 0), on one of the timer's replicas
+        // under the new view; whatever view it was stored under (versions
+        // decide, and it is sent only-newer).
+        if !t.is_tombstone() || t.sequence != 0 {
+            return 0;
         }
-        bulk::breathe().await;
-    }
+        let pl = shard.placement(t.unique, shard.resend_factor(t) as usize);
+        if pl.my_index.is_none() {
+            return 0;
+        }
+        shard.without_me(pl.mask() | shard.cluster().bloom_matches(t.bloom))
+    })
+    .await;
     ShardStats::add(&shard.my_stats().replication_resent, queued);
     if queued > 0 {
         tracing::info!(target: "chronos::replication", "shard {}: re-sent {queued} deletes to the timers' replicas under the new view", shard.id);
@@ -110,13 +91,26 @@ async fn repair(shard: &Rc<Shard>, peers: u64) {
         .filter_map(|i| shard.replicator.address(i))
         .collect();
     tracing::info!(target: "chronos::replication", "shard {}: repairing {}: sending what this shard holds for it", shard.id, names.join(", "));
+    let queued = send_selected(shard, |t| {
+        shard.resend_targets_of(t).map_or(0, |(p, _)| p) & peers
+    })
+    .await;
+    ShardStats::add(&shard.my_stats().replication_repaired, queued);
+    tracing::info!(target: "chronos::replication", "shard {}: repair of {} done", shard.id, names.join(", "));
+}
+
+/// Scan the store in slices and send each timer to the peers `select`
+/// names for it (a mask; 0: none), as it now stands, `only-newer`,
+/// waiting for room in their queues. Returns the messages queued (until
+/// shutdown, if it comes first).
+async fn send_selected(shard: &Rc<Shard>, select: impl Fn(&Timer) -> u64) -> u64 {
     let mut room = Room::new(Who::Repair);
     let mut candidates: Vec<(u64, u64)> = Vec::with_capacity(SLICE);
     let (mut from, mut queued) = (Some(0usize), 0u64);
     while let Some(start) = from {
         candidates.clear();
         from = shard.store.borrow().scan_slice(start, SLICE, |_, _, t| {
-            let targets = shard.resend_targets_of(t).map_or(0, |(p, _)| p) & peers;
+            let targets = select(t);
             if targets != 0 {
                 candidates.push((t.unique, targets));
             }
@@ -127,13 +121,11 @@ async fn repair(shard: &Rc<Shard>, peers: u64) {
                 .await
                 .is_err()
             {
-                return;
+                return queued;
             }
             queued += shard.resend_to(unique, targets, 0);
         }
-        ShardStats::add(&shard.my_stats().replication_repaired, queued);
-        queued = 0;
         bulk::breathe().await;
     }
-    tracing::info!(target: "chronos::replication", "shard {}: repair of {} done", shard.id, names.join(", "));
+    queued
 }

@@ -309,6 +309,21 @@ counters! {
 }
 
 impl ShardStats {
+    /// The first shard whose timer log failed, and why (fail-stop: see
+    /// `storage_failure`).
+    pub fn storage_failure(shards: &[ShardStats]) -> Option<(usize, String)> {
+        let (index, s) = shards
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.storage_failed.load(std::sync::atomic::Ordering::Acquire))?;
+        let why = s
+            .storage_failure
+            .lock()
+            .map(|w| w.clone())
+            .unwrap_or_default();
+        Some((index, why))
+    }
+
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
     }
