@@ -27,6 +27,11 @@ pub struct QueueConfig {
     pub poll_interval_ms: u64,
     #[serde(default = "QueueConfig::default_failure_detection_interval_ms")]
     pub failure_detection_interval_ms: u64,
+    /// A node of this Postgres role with no session at all for this long
+    /// is dead: its claimed rows are reset at once, not after the hold
+    /// time (`takeover.rs`). 0 leaves it to the hold time.
+    #[serde(default = "QueueConfig::default_takeover_after_ms")]
+    pub takeover_after_ms: u64,
     /// How far ahead of its deadline a message is claimed and held in the
     /// shard's wheel. Must stay below `hold-time-ms - poll-interval-ms`.
     #[serde(default = "QueueConfig::default_look_ahead_ms")]
@@ -110,6 +115,9 @@ impl QueueConfig {
         100
     }
     fn default_failure_detection_interval_ms() -> u64 {
+        500
+    }
+    fn default_takeover_after_ms() -> u64 {
         500
     }
     fn default_look_ahead_ms() -> u64 {
@@ -217,6 +225,12 @@ impl QueueConfig {
                 self.vacuum_check_ms
             ));
         }
+        if self.takeover_after_ms != 0 && self.takeover_after_ms < TAKEOVER_AFTER_MS_MIN {
+            return Err(format!(
+                "[queue] takeover-after-ms ({}) must be 0 (off) or at least {TAKEOVER_AFTER_MS_MIN}: a node's absence must be seen in several looks",
+                self.takeover_after_ms
+            ));
+        }
         if self.pause_after_ms > PAUSE_AFTER_MS_MAX {
             return Err(format!(
                 "[queue] pause-after-ms ({}) must be at most {PAUSE_AFTER_MS_MAX}: the consumer thread does not poll meanwhile",
@@ -231,6 +245,9 @@ impl QueueConfig {
 /// poll meanwhile (no rebalance is served), and librdkafka's
 /// `max.poll.interval.ms` (300 s by default) must stay far away.
 const PAUSE_AFTER_MS_MAX: u64 = 10_000;
+
+/// The shortest takeover-after-ms but 0: two looks (every 100 ms) at least.
+const TAKEOVER_AFTER_MS_MIN: u64 = 200;
 
 /// The shortest dead-row look-up period: each look-up is a statement on
 /// Postgres, and its statistics change about once a second anyway.

@@ -44,6 +44,9 @@ const SILENT_EVERY: Duration = Duration::from_millis(50);
 /// wait at most this long.
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(5);
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
+/// A failed committed-offset look-up is tried again after this long (the
+/// partitions wait, paused, meanwhile).
+const LOOKUP_RETRY: Duration = Duration::from_secs(1);
 
 /// The consumer's context: records the group's assignments and
 /// revocations (librdkafka calls it from inside `poll`, on the consumer
@@ -174,6 +177,7 @@ impl QueueShared {
             inbox_bytes: (0..shards).map(|_| Arc::default()).collect(),
             deliveries,
             kafka_up: AtomicBool::new(false),
+            output: super::output::Output::new(&config.output_topic),
             pg_health: Arc::new(super::pg::Health::new(
                 shards * crate::stats::PG_CONNECTIONS,
             )),
@@ -228,6 +232,9 @@ fn consume_thread(
             // must be let through again when it is fetched again.
             h.waiting.iter_mut().for_each(Waiting::clear);
             h.gaps.reset();
+            for p in std::mem::take(&mut h.held) {
+                h.pause_resume(p, false);
+            }
         }
         // Readiness: can the broker be reached? (An idle topic yields no
         // messages, so ask for metadata now and then.)
@@ -238,6 +245,10 @@ fn consume_thread(
                 .fetch_metadata(Some(&shared.config.input_topic), Duration::from_secs(1))
                 .is_ok();
             shared.kafka_up.store(up, Ordering::Relaxed);
+            if up {
+                let output = probe_output(&shared.consumer, &shared.config.output_topic);
+                shared.output.probed(output, &h.stats[0]);
+            }
         }
         if !h.drain() {
             return;
@@ -268,30 +279,47 @@ fn consume_thread(
     }
 }
 
+/// Whether the output topic can be used: its metadata names it without an
+/// error and with at least one partition (`Err`: why not). A broker that
+/// does not answer in time is not counted (readiness says so already).
+fn probe_output(consumer: &BaseConsumer<Group>, topic: &str) -> Result<(), String> {
+    let Ok(metadata) = consumer.fetch_metadata(Some(topic), Duration::from_secs(1)) else {
+        return Ok(());
+    };
+    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Err("not in the broker's metadata".to_string());
+    };
+    if let Some(e) = t.error() {
+        let code = rdkafka::error::RDKafkaErrorCode::from(e);
+        return Err(format!("{code}"));
+    }
+    if t.partitions().is_empty() {
+        return Err("the topic has no partitions".to_string());
+    }
+    Ok(())
+}
+
 /// The group's committed offsets of `partitions` of `topic` (`None` for
-/// one without, or for all when the broker did not say within
-/// [`COMMITTED_TIMEOUT`]): one request for all of them.
+/// one without): one request for all of them. `Err` when the broker did
+/// not say within [`COMMITTED_TIMEOUT`]: the partitions are then held
+/// until a look-up succeeds (`gaps.rs`).
 fn committed_offsets(
     consumer: &BaseConsumer<Group>,
     topic: &str,
     partitions: &[i32],
-) -> Vec<Option<i64>> {
+) -> Result<Vec<Option<i64>>, String> {
     let mut tpl = TopicPartitionList::new();
     for &p in partitions {
         tpl.add_partition(topic, p);
     }
-    let got = match consumer.committed_offsets(tpl, COMMITTED_TIMEOUT) {
-        Ok(got) => got,
-        Err(e) => {
-            tracing::warn!(target: "chronos::queue", "the committed offsets of the assigned partitions could not be had ({e}): their first records are let through unchecked");
-            return vec![None; partitions.len()];
-        }
-    };
+    let got = consumer
+        .committed_offsets(tpl, COMMITTED_TIMEOUT)
+        .map_err(|e| e.to_string())?;
     let offset = |p: i32| match got.find_partition(topic, p)?.offset() {
         Offset::Offset(n) => Some(n),
         _ => None,
     };
-    partitions.iter().map(|&p| offset(p)).collect()
+    Ok(partitions.iter().map(|&p| offset(p)).collect())
 }
 
 /// An owned copy of a polled message.
@@ -355,6 +383,11 @@ struct Handoff<'a> {
     seek_log: LogLimit,
     /// Counters (pauses, the guard's seeks) go to the partition's shard.
     stats: Arc<[ShardStats]>,
+    /// Partitions the gap guard holds paused ([`Gaps::holds`]): a failed
+    /// look-up or seek, until it is done again.
+    held: Vec<i32>,
+    /// When the failed committed-offset look-ups were last tried.
+    looked_up: Instant,
     pause_after: Duration,
 }
 
@@ -378,6 +411,8 @@ impl<'a> Handoff<'a> {
             silent_looked: Instant::now(),
             seek_log: LogLimit::default(),
             stats,
+            held: Vec::new(),
+            looked_up: Instant::now(),
             pause_after: Duration::from_millis(shared.config.pause_after_ms),
         }
     }
@@ -481,24 +516,93 @@ impl<'a> Handoff<'a> {
     /// Pass the group's assignments and revocations since the last poll to
     /// the gap guard (one committed-offset look-up per assignment).
     fn rebalanced(&mut self) {
-        let topic = self.shared.config.input_topic.as_str();
         for (assigned, partitions) in self.shared.consumer.context().take() {
             if !assigned {
-                partitions.iter().for_each(|&p| self.gaps.revoked(p));
+                for &p in &partitions {
+                    self.gaps.revoked(p);
+                    self.release(p);
+                }
                 continue;
             }
-            let committed = committed_offsets(&self.shared.consumer, topic, &partitions);
-            tracing::info!(target: "chronos::queue", "input partitions assigned: {partitions:?}, committed offsets {committed:?}");
-            let now = Instant::now();
-            for (&p, c) in partitions.iter().zip(committed) {
-                // Still paused here (a shard full across the rebalance):
-                // the check waits for the resume.
-                if self.waiting.iter().any(|w| w.paused.contains(&p)) {
-                    self.gaps.assigned_paused(p, c);
-                } else {
-                    self.gaps.assigned(p, c, now);
+            let topic = self.shared.config.input_topic.as_str();
+            match committed_offsets(&self.shared.consumer, topic, &partitions) {
+                Ok(committed) => {
+                    tracing::info!(target: "chronos::queue", "input partitions assigned: {partitions:?}, committed offsets {committed:?}");
+                    self.known(&partitions, committed);
+                }
+                Err(e) => {
+                    tracing::warn!(target: "chronos::queue", "input partitions assigned: {partitions:?}; their committed offsets could not be had ({e}): held paused, nothing let through, until a look-up succeeds");
+                    for &p in &partitions {
+                        self.gaps.assigned_unknown(p);
+                        self.hold(p);
+                    }
+                    self.looked_up = Instant::now();
                 }
             }
+        }
+    }
+
+    /// The committed offsets of assigned `partitions` are known: the guard
+    /// checks from them (and lets go of a partition it held for them).
+    fn known(&mut self, partitions: &[i32], committed: Vec<Option<i64>>) {
+        assert_eq!(partitions.len(), committed.len(), "one offset each");
+        let now = Instant::now();
+        for (&p, c) in partitions.iter().zip(committed) {
+            // Still paused here (a shard full across the rebalance):
+            // the check waits for the resume.
+            if self.waiting.iter().any(|w| w.paused.contains(&p)) {
+                self.gaps.assigned_paused(p, c);
+            } else {
+                self.gaps.assigned(p, c, now);
+            }
+            self.release(p);
+        }
+    }
+
+    /// Look the committed offsets of the partitions the guard holds for
+    /// them up again, at most every [`LOOKUP_RETRY`].
+    fn look_up_again(&mut self) {
+        if self.looked_up.elapsed() < LOOKUP_RETRY {
+            return;
+        }
+        self.looked_up = Instant::now();
+        let partitions = self.gaps.unknown();
+        if partitions.is_empty() {
+            return;
+        }
+        let topic = self.shared.config.input_topic.as_str();
+        match committed_offsets(&self.shared.consumer, topic, &partitions) {
+            Ok(committed) => {
+                tracing::info!(target: "chronos::queue", "committed offsets of {partitions:?} had at last: {committed:?}");
+                self.known(&partitions, committed);
+            }
+            Err(e) => {
+                tracing::debug!(target: "chronos::queue", "committed offsets of {partitions:?} still not had: {e}")
+            }
+        }
+    }
+
+    /// The guard holds `partition`: paused until [`Handoff::release`].
+    fn hold(&mut self, partition: i32) {
+        if !self.held.contains(&partition) {
+            self.held.push(partition);
+            self.pause_resume(partition, true);
+        }
+    }
+
+    /// The guard lets go of `partition`: resumed, unless its shard's
+    /// waiting messages keep it paused.
+    fn release(&mut self, partition: i32) {
+        assert!(
+            !self.gaps.holds(partition),
+            "a partition is let go only once the guard no longer holds it"
+        );
+        let Some(i) = self.held.iter().position(|&p| p == partition) else {
+            return;
+        };
+        self.held.swap_remove(i);
+        if !self.waiting.iter().any(|w| w.paused.contains(&partition)) {
+            self.pause_resume(partition, false);
         }
     }
 
@@ -511,11 +615,11 @@ impl<'a> Handoff<'a> {
             Verdict::Seek(from) => from,
         };
         let why = format!("offset {} came where an earlier one was due", m.offset);
-        if self.seek_back(m.partition, from, &why, true) {
-            return false;
+        if !self.seek_back(m.partition, from, &why, true) {
+            self.gaps.seek_failed(m.partition, Instant::now());
+            self.hold(m.partition);
         }
-        self.gaps.abandon(m.partition, m.offset);
-        true
+        false
     }
 
     /// Seek `partition` back to `from` (the gap guard's verdict, for
@@ -544,7 +648,7 @@ impl<'a> Handoff<'a> {
                 true
             }
             Err(e) => {
-                tracing::warn!(target: "chronos::queue", partition, "input {why}, and the seek back to {from} failed ({e}): going on without it");
+                tracing::warn!(target: "chronos::queue", partition, "input {why}, and the seek back to {from} failed ({e}): the partition is held paused, nothing let through, and the seek tried again");
                 false
             }
         }
@@ -558,14 +662,14 @@ impl<'a> Handoff<'a> {
             return;
         }
         self.silent_looked = now;
+        self.look_up_again();
         for (partition, from) in self.gaps.silent(now) {
-            if !self.seek_back(
-                partition,
-                from,
-                "partition silent after an assignment or a resume",
-                false,
-            ) {
-                self.gaps.give_up(partition);
+            let why = "partition silent after an assignment or a resume, or held";
+            if self.seek_back(partition, from, why, false) {
+                self.release(partition);
+            } else {
+                self.gaps.seek_failed(partition, Instant::now());
+                self.hold(partition);
             }
         }
     }
@@ -594,8 +698,11 @@ impl<'a> Handoff<'a> {
             if w.messages.is_empty() && self.half_empty(s) {
                 self.waiting[s].pausing = false;
                 for p in std::mem::take(&mut self.waiting[s].paused) {
-                    self.pause_resume(p, false);
-                    self.gaps.resumed(p, Instant::now());
+                    // One the guard holds stays paused until it lets go.
+                    if !self.held.contains(&p) {
+                        self.pause_resume(p, false);
+                        self.gaps.resumed(p, Instant::now());
+                    }
                 }
             }
         }

@@ -1,13 +1,15 @@
 //! Delete: rows whose publish the broker acknowledged (or that can never
-//! be published), in batches of at most [`DELETE_BATCH_MAX`] IDs per
+//! be published), each by its ID and the incarnation published (its
+//! deadline, this node as its holder; `pg.rs`, `delete_sql`), in batches of at most [`DELETE_BATCH_MAX`] IDs per
 //! statement. An ID stays in the shard's in-hand bound until its delete
 //! is done. At shutdown the task deletes what is in hand, then ends.
 
+use super::deadline::system_time_of;
 use super::pg::retry_query;
 use super::{id_bytes, QueueShard};
 use crate::stats::STAGE_DELETE;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 /// IDs deleted per statement.
 const DELETE_BATCH_MAX: usize = 5000;
@@ -25,13 +27,19 @@ impl QueueShard {
             // Left in `to_delete` (only this task removes from it, others
             // only append) until deleted, so that the refresh keeps them
             // fresh however long the delete is retried.
-            let ids: Vec<String> = {
+            let (ids, deadlines): (Vec<String>, Vec<SystemTime>) = {
                 let all = self.to_delete.borrow();
-                all[..all.len().min(DELETE_BATCH_MAX)].to_vec()
+                all[..all.len().min(DELETE_BATCH_MAX)]
+                    .iter()
+                    .map(|(id, deadline_us)| (id.clone(), system_time_of(*deadline_us)))
+                    .unzip()
             };
             assert!(!ids.is_empty() && ids.len() <= DELETE_BATCH_MAX);
+            assert_eq!(ids.len(), deadlines.len(), "an incarnation per ID");
             let started = Instant::now();
-            let Some(rows) = retry_query(&self.pg_delete, |c| &c.delete, &[&ids]).await else {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&ids, &deadlines, &self.shared.node_id];
+            let Some(rows) = retry_query(&self.pg_delete, |c| &c.delete, &params).await else {
                 return;
             };
             {
@@ -45,10 +53,12 @@ impl QueueShard {
             let bytes: usize = ids.iter().map(|id| id_bytes(id)).sum();
             self.in_hand.sub(ids.len(), bytes);
             if rows.len() < ids.len() {
-                let gone: std::collections::HashSet<String> =
-                    rows.iter().map(|r| r.get::<_, String>(0)).collect();
+                let gone: std::collections::HashSet<String> = rows
+                    .iter()
+                    .filter_map(|r| r.try_get::<_, String>(0).ok())
+                    .collect();
                 for id in ids.iter().filter(|id| !gone.contains(*id)) {
-                    tracing::warn!(target: "chronos::queue", "message {id} was already deleted (taken over by a peer after a suspected failure)");
+                    tracing::warn!(target: "chronos::queue", "message {id} was not deleted: its row is gone, or is no longer the one this node published (taken over by a peer after a suspected failure, or replaced by a newer message with its ID)");
                 }
             }
         }

@@ -103,7 +103,7 @@ impl QueueShard {
                 }
             }
         }
-        ids.extend(self.to_delete.borrow().iter().cloned());
+        ids.extend(self.to_delete.borrow().iter().map(|(id, _)| id.clone()));
         ids
     }
 

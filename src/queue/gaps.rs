@@ -34,7 +34,14 @@
 //! started in is never returned (a partition assigned or resumed inside
 //! its last batch would otherwise wait for new input). Given up at the
 //! beginning, the partition still drops records before the expected
-//! offset. Against a Kafka broker the guard costs one batched look-up of
+//! offset.
+//!
+//! The guard never lets a record through on a guess (issue 39): while the
+//! committed offsets of an assignment cannot be had ([`Gaps::assigned_unknown`])
+//! or a seek back has failed ([`Gaps::seek_failed`]), every record of the
+//! partition is dropped and the consumer thread holds the partition paused
+//! ([`Gaps::holds`]), retrying the look-up or the seek; no offset is
+//! stored past a gap that was not resolved. Against a Kafka broker the guard costs one batched look-up of
 //! the committed offsets per assignment, and one short fetch (the batch
 //! before the expected offset, dropped) per partition that is assigned or
 //! resumed and then stays silent.
@@ -58,7 +65,8 @@ pub enum Verdict {
     /// Drop it: it was handed over before, or it will be fetched again.
     Drop,
     /// Drop it and seek its partition to this offset; if the seek fails,
-    /// call [`Gaps::abandon`] and hand it over after all.
+    /// call [`Gaps::seek_failed`] (the partition is held until a seek
+    /// succeeds).
     Seek(i64),
 }
 
@@ -78,6 +86,19 @@ enum State {
     },
     /// The broker answers contiguously from before `target`: drop until it.
     Skipping { target: i64 },
+    /// Assigned, but the group's committed offset could not be had: drop
+    /// everything (the partition is held paused) until the look-up
+    /// succeeds ([`Gaps::assigned`] then).
+    Unknown,
+    /// The seek back to `from` failed (at `since`): drop everything (the
+    /// partition is held paused); the seek is tried again after
+    /// [`SILENCE`] ([`Gaps::silent`]).
+    Held {
+        target: i64,
+        from: i64,
+        steps: u32,
+        since: Instant,
+    },
 }
 
 #[derive(Default)]
@@ -109,6 +130,61 @@ impl Gaps {
                 ..
             } => part.seeking(offset, (target, from, steps), now),
             State::Skipping { target } => part.skipping(offset, target),
+            State::Unknown | State::Held { .. } => Verdict::Drop,
+        }
+    }
+
+    /// `partition` was assigned, and the group's committed offset could not
+    /// be had: nothing is let through until [`Gaps::assigned`] (or
+    /// [`Gaps::assigned_paused`]) tells it.
+    pub fn assigned_unknown(&mut self, partition: i32) {
+        let part = Part {
+            next: None,
+            state: State::Unknown,
+        };
+        self.parts.insert(partition, part);
+    }
+
+    /// The partitions whose committed offset is still to be looked up.
+    pub fn unknown(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self
+            .parts
+            .iter()
+            .filter(|(_, p)| p.state == State::Unknown)
+            .map(|(&partition, _)| partition)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Whether `partition` must stay paused: its committed offset is not
+    /// known, or its last seek back failed.
+    pub fn holds(&self, partition: i32) -> bool {
+        self.parts
+            .get(&partition)
+            .is_some_and(|p| matches!(p.state, State::Unknown | State::Held { .. }))
+    }
+
+    /// The seek back of `partition` failed at `now`: everything is dropped
+    /// and the same seek is tried again after [`SILENCE`]; never let
+    /// through on a guess (the records between would be committed past).
+    pub fn seek_failed(&mut self, partition: i32, now: Instant) {
+        let Some(part) = self.parts.get_mut(&partition) else {
+            return;
+        };
+        if let State::Seeking {
+            target,
+            from,
+            steps,
+            ..
+        } = part.state
+        {
+            part.state = State::Held {
+                target,
+                from,
+                steps,
+                since: now,
+            };
         }
     }
 
@@ -156,8 +232,9 @@ impl Gaps {
     }
 
     /// The partitions silent for [`SILENCE`] since an assignment, a
-    /// resume or a seek back, each with the offset to seek (further) back to; one given up
-    /// on (sought back to the beginning) is let be.
+    /// resume or a seek back, each with the offset to seek (further) back
+    /// to; one given up on (sought back to the beginning) is let be. Also
+    /// the partitions held after a failed seek, to seek again.
     pub fn silent(&mut self, now: Instant) -> Vec<(i32, i64)> {
         let mut seeks = Vec::new();
         for (&partition, part) in self.parts.iter_mut() {
@@ -183,6 +260,21 @@ impl Gaps {
                         part.state = State::Skipping { target };
                         Verdict::Accept
                     }),
+                State::Held {
+                    target,
+                    from,
+                    steps,
+                    since,
+                } if now.saturating_duration_since(since) >= SILENCE => {
+                    // The same seek again (a failed seek learnt nothing).
+                    part.state = State::Seeking {
+                        target,
+                        from,
+                        steps,
+                        since: now,
+                    };
+                    Verdict::Seek(from)
+                }
                 _ => continue,
             };
             if let Verdict::Seek(from) = verdict {
@@ -190,20 +282,6 @@ impl Gaps {
             }
         }
         seeks
-    }
-
-    /// A seek back for `partition` failed: back to letting everything
-    /// through.
-    pub fn give_up(&mut self, partition: i32) {
-        if let Some(part) = self.parts.get_mut(&partition) {
-            part.state = State::Normal;
-        }
-    }
-
-    /// The seek for the message at `offset` of `partition` failed: it is
-    /// let through after all (as before the guard).
-    pub fn abandon(&mut self, partition: i32, offset: i64) {
-        self.parts.entry(partition).or_default().accept(offset);
     }
 
     /// Forget every partition (the consumer dropped messages it had let
@@ -400,18 +478,52 @@ mod tests {
         assert_eq!(run(&mut g, &[7]), [A]);
     }
 
+    /// Issue 39: a failed seek back never lets the record through (the
+    /// records between would be committed past): everything is dropped
+    /// and the partition held until the same seek, tried again, succeeds.
     #[test]
-    fn abandon_and_reset_let_everything_through() {
+    fn a_failed_seek_holds_the_partition_until_a_seek_succeeds() {
         let mut g = Gaps::default();
+        let t0 = Instant::now();
         assert_eq!(run(&mut g, &[9]), [A]);
-        g.resumed(0, Instant::now());
-        assert_eq!(run(&mut g, &[15]), [S(9)]);
-        g.abandon(0, 15);
-        assert!(!g.recovering(0));
-        assert_eq!(run(&mut g, &[16, 30]), [A, A]);
-        g.assigned(0, Some(40), Instant::now());
+        g.resumed(0, t0);
+        assert_eq!(g.check(0, 15, t0), S(9));
+        g.seek_failed(0, t0);
+        assert!(g.holds(0));
+        assert_eq!(run(&mut g, &[15, 16, 17]), [D, D, D]);
+        assert!(g.silent(t0 + SILENCE / 2).is_empty());
+        assert_eq!(g.silent(t0 + SILENCE), [(0, 9)], "the same seek again");
+        assert!(!g.holds(0));
+        g.seek_failed(0, t0 + SILENCE);
+        assert_eq!(g.silent(t0 + SILENCE * 2), [(0, 9)]);
+        // It worked: the broker answers from before the expected offset.
+        assert_eq!(run(&mut g, &[9, 10, 11]), [D, A, A]);
+        assert!(!g.recovering(0) && !g.holds(0));
+        g.assigned(0, Some(40), t0);
         g.reset();
         assert_eq!(run(&mut g, &[3, 4]), [A, A]);
+    }
+
+    /// Issue 39: an assignment whose committed offset could not be had
+    /// lets nothing through until the look-up succeeds; then the check
+    /// runs against the offset found.
+    #[test]
+    fn an_unknown_committed_offset_holds_the_partition_until_it_is_known() {
+        let mut g = Gaps::default();
+        let t0 = Instant::now();
+        g.assigned_unknown(0);
+        g.assigned_unknown(3);
+        assert!(g.holds(0) && g.holds(3));
+        assert_eq!(g.unknown(), [0, 3]);
+        assert_eq!(run(&mut g, &[100, 101]), [D, D]);
+        assert!(g.silent(t0 + SILENCE * 10).is_empty(), "not silence");
+        g.assigned(0, Some(100), t0);
+        assert!(!g.holds(0));
+        assert_eq!(g.unknown(), [3]);
+        assert_eq!(run(&mut g, &[102]), [S(99)], "dropped ones fetched again");
+        assert_eq!(run(&mut g, &[99, 100, 101]), [D, A, A]);
+        g.assigned_paused(3, Some(7));
+        assert!(!g.holds(3) && g.unknown().is_empty());
     }
 
     #[test]
@@ -483,9 +595,6 @@ mod tests {
         assert!(g.silent(t0 + SILENCE * 3).is_empty());
         // Still dropping what was handed over, until the expected offset.
         assert_eq!(run(&mut g, &[1, 2]), [D, A]);
-        assert!(!g.recovering(0));
-        g.resumed(0, t0);
-        g.give_up(0);
         assert!(!g.recovering(0));
     }
 

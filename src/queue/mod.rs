@@ -54,8 +54,10 @@ mod failure;
 mod fire;
 mod gaps;
 pub mod headers;
+mod output;
 pub mod pg;
 mod producer;
+mod takeover;
 mod vacuum;
 
 pub use config::QueueConfig;
@@ -156,6 +158,8 @@ pub struct QueueShared {
     deliveries: Vec<async_channel::Receiver<Delivery>>,
     /// Whether the consumer has seen the broker answer.
     pub kafka_up: AtomicBool,
+    /// Whether the output is blocked by the configuration or the cluster.
+    pub output: output::Output,
     /// Each shard's Postgres health (the consumer leaves the group while
     /// Postgres is stalled).
     pub pg_health: Arc<pg::Health>,
@@ -185,6 +189,9 @@ impl QueueShared {
         }
         if !self.kafka_up.load(Ordering::Relaxed) {
             missing.push("Kafka broker not answering".to_string());
+        }
+        if let Some(why) = self.output.problem() {
+            missing.push(why);
         }
         if missing.is_empty() {
             Ok(())
@@ -289,7 +296,9 @@ pub struct QueueShard {
     held_wake: Notify,
     pending: RefCell<HashMap<usize, Pending>>,
     next_token: Cell<usize>,
-    to_delete: RefCell<Vec<String>>,
+    /// Published rows to delete: each ID with the deadline it was
+    /// published with (the incarnation: `pg.rs`, `delete_sql`).
+    to_delete: RefCell<Vec<(String, i64)>>,
     in_hand: InHand,
     delete_wake: Notify,
     rng: Cell<u64>,
@@ -346,6 +355,9 @@ impl QueueShard {
             gate.spawn(q.clone().refresh_loop());
             if q.shard == 0 {
                 gate.spawn(q.clone().failure_detection_loop());
+                if q.cfg().takeover_after_ms > 0 {
+                    gate.spawn(q.clone().takeover_loop());
+                }
                 gate.spawn(q.clone().vacuum_loop());
             }
         });

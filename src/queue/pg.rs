@@ -31,7 +31,7 @@
 //! postgres-stall-leave-ms` the consumer thread leaves the group
 //! ([`Health`]).
 
-use super::QueueShared;
+use super::{takeover, QueueShared};
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::stats::PG_CONNECTIONS;
@@ -131,6 +131,11 @@ pub struct Conn {
     pub stuck: Statement,
     pub reset: Statement,
     pub refresh: Statement,
+    /// Takeover (`takeover.rs`): the nodes without a session, the reset
+    /// of one node's rows, and its registration removed.
+    pub gone: Statement,
+    pub take_over: Statement,
+    pub forget: Statement,
     /// Set when the connection task ends or the connection is given up.
     broken: Rc<Cell<bool>>,
     /// The connection task, cancelled when the connection is given up.
@@ -156,6 +161,8 @@ pub struct Claimed {
 
 pub struct Pg {
     config: tokio_postgres::Config,
+    /// This node's ID (registered on each connection: `takeover.rs`).
+    node_id: String,
     table: String,
     conn: RefCell<Option<Rc<Conn>>>,
     /// Serialises (re)connection attempts.
@@ -234,8 +241,10 @@ pub fn schema(table: &str) -> String {
         IF to_regclass('{table}_readied_idx') IS NULL THEN
             CREATE INDEX {table}_readied_idx ON {table} (readied_at) WHERE readied_at IS NOT NULL;
         END IF;
+        {}
         END $chronos$;
-        COMMIT;"
+        COMMIT;",
+        takeover::registry_schema(table)
     )
 }
 
@@ -279,13 +288,18 @@ impl Pg {
     ) -> Pg {
         assert!(shard < stats.len(), "shard {shard} has no stats");
         let cfg = &q.config;
+        let mut config: tokio_postgres::Config =
+            cfg.postgres_url.parse().expect("validated at config load");
+        // Takeover tells a live node's sessions by this name.
+        config.application_name(takeover::session_name(&q.node_id));
         Pg {
+            node_id: q.node_id.clone(),
             stats,
             shard,
             role,
             gate,
             health: q.pg_health.clone(),
-            config: cfg.postgres_url.parse().expect("validated at config load"),
+            config,
             table: cfg.table.clone(),
             conn: RefCell::new(None),
             connecting: glommio::sync::Semaphore::new(1),
@@ -424,9 +438,10 @@ impl Pg {
             Role::Claim | Role::Delete => "SET synchronous_commit = off;\n",
         };
         let setup = format!(
-            "SET statement_timeout = {};\n{commit}{INDEX_PLANS}{CUSTOM_PLANS}{}",
+            "SET statement_timeout = {};\n{commit}{INDEX_PLANS}{CUSTOM_PLANS}{}{}",
             self.statement_timeout_ms,
-            schema(t)
+            schema(t),
+            takeover::register_sql(t, &self.node_id)
         );
         client
             .batch_execute(&setup)
@@ -660,6 +675,43 @@ fn claim_sql(t: &str) -> String {
     )
 }
 
+/// An input message whose ID is in the table already: kept out while that
+/// row waits (the same message consumed again after a restart, or a
+/// message reusing the ID of one not yet due: seed 004's rule); but it
+/// replaces a row that is claimed, which may be published already with its
+/// delete on the way. The new incarnation waits unclaimed, and the holder's
+/// delete, which names the incarnation it published ([`delete_sql`]), no
+/// longer matches it. (With `DO NOTHING` the new message was dropped, its
+/// offset committed, and then the old row deleted: lost. Issue 39.) Should
+/// the holder not have published the claimed one yet, it still publishes
+/// it from memory; should the holder die first, the ID's newest message is
+/// the one published. An ID twice in one statement is stored once, as its
+/// first message (as `DO NOTHING` did; `DO UPDATE` may not touch a row
+/// twice in one statement, so the insert keeps the first of each ID).
+fn insert_conflict(t: &str) -> String {
+    format!(
+        "ON CONFLICT (id) DO UPDATE SET deadline = EXCLUDED.deadline,
+             message_headers = EXCLUDED.message_headers, message_key = EXCLUDED.message_key,
+             message_value = EXCLUDED.message_value, readied_at = NULL, readied_by = NULL
+         WHERE {t}.readied_at IS NOT NULL"
+    )
+}
+
+/// The delete of published rows: each named by its ID and the incarnation
+/// published (`$2`, its deadline, and `$3`, this node as its holder),
+/// never by ID alone, so that a newer message with the same ID (inserted
+/// while the delete was on its way: [`insert_conflict`]), or a row taken
+/// over by another node after a suspected failure, is left alone. The
+/// latter is then published again by its new holder: a duplicate, as at
+/// least once allows, never a loss.
+fn delete_sql(t: &str) -> String {
+    format!(
+        "DELETE FROM {t} USING UNNEST($1::text[], $2::timestamp[]) AS d(i, dl)
+         WHERE {t}.id = d.i AND {t}.deadline = d.dl AND {t}.readied_by = $3::text::uuid
+         RETURNING {t}.id"
+    )
+}
+
 /// The server's clock at the statement's start, as a `timestamp` in UTC
 /// (the table's times are UTC, as the nodes write deadlines).
 const SERVER_NOW: &str = "(now() AT TIME ZONE 'UTC')";
@@ -688,17 +740,22 @@ async fn prepare(
     };
     let insert = prep(format!(
         "INSERT INTO {t} (id, deadline, message_headers, message_key, message_value)
-         SELECT i, d, h::jsonb, k, v
-         FROM UNNEST($1::text[], $2::timestamp[], $3::text[], $4::bytea[], $5::bytea[]) AS m(i, d, h, k, v)
-         ON CONFLICT (id) DO NOTHING"
+         SELECT DISTINCT ON (i) i, d, h::jsonb, k, v
+         FROM UNNEST($1::text[], $2::timestamp[], $3::text[], $4::bytea[], $5::bytea[])
+             WITH ORDINALITY AS m(i, d, h, k, v, n)
+         ORDER BY i, n
+         {}",
+        insert_conflict(t)
     ))
     .await?;
-    let exists = prep(format!("SELECT id FROM {t} WHERE id = ANY($1::text[])")).await?;
+    // Only a row still waiting holds a late message back: one claimed may
+    // be published already, its delete on the way (issue 39).
+    let exists = prep(format!(
+        "SELECT id FROM {t} WHERE id = ANY($1::text[]) AND readied_at IS NULL"
+    ))
+    .await?;
     let ready = prep(claim_sql(t)).await?;
-    let delete = prep(format!(
-        "DELETE FROM {t} WHERE id = ANY($1::text[]) RETURNING id"
-    ))
-    .await?;
+    let delete = prep(delete_sql(t)).await?;
     // Earliest deadlines first; this node's own rows too: the ones it
     // holds are refreshed, so only the ones it lost come up.
     // `$1`: the hold time in ms, on the server's clock as the claim.
@@ -720,9 +777,15 @@ async fn prepare(
          WHERE id = ANY($1::text[]) AND readied_by = $2::text::uuid"
     ))
     .await?;
+    let gone = prep(takeover::gone_sql(t)).await?;
+    let take_over = prep(takeover::take_over_sql(t)).await?;
+    let forget = prep(takeover::forget_sql(t)).await?;
     Ok(Conn {
         client,
         refresh,
+        gone,
+        take_over,
+        forget,
         insert,
         exists,
         ready,

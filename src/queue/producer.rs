@@ -1,9 +1,14 @@
 //! Publishing: the producer side of the queue. Every publish has a token
 //! (the shard in its top bits); librdkafka's delivery callback routes each
 //! report back to that shard over a bounded channel. A publish that failed
-//! for a transient reason is retried with backoff. One refused for good
-//! ([`is_permanent`]: too large, an invalid record, no right to write the
-//! output topic) is logged, counted as `unpublishable` and skipped, but
+//! for a transient reason is retried with backoff, and so is one refused
+//! for a reason that belongs to the configuration or the cluster
+//! ([`is_configuration`]: no right to write the output topic, a topic that
+//! does not exist or cannot be named): the output is then blocked, which
+//! `/ready` and `chronos_queue_output_blocked` say until a publish
+//! succeeds ([`super::output::Output`]). One refused for good
+//! ([`is_permanent`]: too large, an invalid record) is logged, counted as
+//! `unpublishable` and skipped, but
 //! only once the refusal is known to be about that message ([`next_step`]):
 //! the producer's own check when it is handed over, or the broker's reply
 //! to a batch of that message alone. A broker's error applies to a whole
@@ -45,6 +50,9 @@ pub struct Delivery {
 pub struct Refusal {
     why: String,
     permanent: bool,
+    /// The refusal belongs to the configuration or the cluster (retried;
+    /// the output is blocked until a publish succeeds).
+    configuration: bool,
 }
 
 /// What to do with a publish that failed.
@@ -74,23 +82,26 @@ pub fn next_step(permanent: bool, synchronous: bool, alone: bool) -> Step {
 
 impl Refusal {
     fn of(e: &KafkaError) -> Refusal {
+        let code = e.rdkafka_error_code();
         Refusal {
             why: e.to_string(),
-            permanent: e.rdkafka_error_code().is_some_and(is_permanent),
+            permanent: code.is_some_and(is_permanent),
+            configuration: code.is_some_and(is_configuration),
         }
     }
 }
 
-/// The errors that refuse a message for good: the same message to the same
-/// topic can never be accepted, so retrying would hold it (and everything
-/// waiting behind it) for ever. Everything else is retried: the broker or
-/// the network away, leader changes, timeouts, a full local queue, an
-/// unknown topic or partition (it may yet be created), too few in-sync
-/// replicas, quotas, a corrupt message (a CRC error: retriable in Kafka),
-/// a reply librdkafka could not parse (`BadMessage`), a timestamp outside
-/// the broker's bounds (`InvalidTimestamp`: no timestamp is set on the
-/// record, so it is this node's clock, which may be corrected), and a fatal
-/// idempotent-producer error (the node must be restarted).
+/// The errors that refuse a message for good, because of the message
+/// itself: the same message to the same topic can never be accepted, so
+/// retrying would hold it (and everything waiting behind it) for ever.
+/// Everything else is retried: the broker or the network away, leader
+/// changes, timeouts, a full local queue, the configuration errors of
+/// [`is_configuration`], too few in-sync replicas, quotas, a corrupt
+/// message (a CRC error: retriable in Kafka), a reply librdkafka could not
+/// parse (`BadMessage`), a timestamp outside the broker's bounds
+/// (`InvalidTimestamp`: no timestamp is set on the record, so it is this
+/// node's clock, which may be corrected), and a fatal idempotent-producer
+/// error (the node must be restarted).
 pub fn is_permanent(code: RDKafkaErrorCode) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
@@ -104,9 +115,29 @@ pub fn is_permanent(code: RDKafkaErrorCode) -> bool {
             // encode.
             | C::InvalidRecord
             | C::UnsupportedForMessageFormat
-            // This node may not write the output topic, or cannot name it.
-            | C::TopicAuthorizationFailed
+    )
+}
+
+/// The errors that belong to the configuration or the cluster, not to a
+/// message: no right to write the output topic (or the cluster), failed
+/// authentication, an output topic that does not exist or whose name the
+/// broker refuses. Every message would meet them alike, and an operator
+/// can fix them (an ACL, a topic created or renamed), so they are retried
+/// and never skip a message; meanwhile the output is blocked and says so.
+/// (Skipping on them would delete every due message while an ACL is
+/// wrong: issue 39.)
+pub fn is_configuration(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::TopicAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::SaslAuthenticationFailed
+            | C::Authentication
             | C::InvalidTopic
+            | C::UnknownTopic
+            | C::UnknownTopicOrPartition
+            | C::UnknownPartition
     )
 }
 
@@ -209,6 +240,9 @@ impl QueueShard {
             };
             p.alone
         };
+        if r.configuration {
+            self.shared.output.publish_refused(&r.why, &self.stats[0]);
+        }
         match next_step(r.permanent, synchronous, alone) {
             Step::Retry => self.retry_later(token, &r.why),
             Step::Refuse => self.refused(token, &r.why),
@@ -253,7 +287,7 @@ impl QueueShard {
                 }
                 // Still in hand until deleted, as its ID only.
                 self.in_hand.sub(0, bytes.saturating_sub(id_bytes(&id)));
-                self.to_delete.borrow_mut().push(id);
+                self.to_delete.borrow_mut().push((id, deadline_us));
                 self.delete_wake.notify();
             }
             Kind::Immediate { wait, .. } => {
@@ -305,6 +339,7 @@ impl QueueShard {
                 self.failed(d.token, r, false);
                 continue;
             }
+            self.shared.output.published(&self.stats[0]);
             let Some(p) = self.pending.borrow_mut().remove(&d.token) else {
                 continue;
             };
@@ -336,8 +371,8 @@ mod tests {
     }
 
     /// Finding 2: a reply librdkafka could not parse and a timestamp out
-    /// of the broker's bounds are transient; size, record and
-    /// authorization refusals are not.
+    /// of the broker's bounds are transient; size and record refusals are
+    /// not.
     #[test]
     fn bad_replies_and_timestamps_are_retried() {
         assert!(!is_permanent(C::BadMessage));
@@ -348,9 +383,27 @@ mod tests {
             C::MessageSizeTooLarge,
             C::InvalidMessageSize,
             C::InvalidRecord,
-            C::TopicAuthorizationFailed,
         ] {
             assert!(is_permanent(c), "{c:?}");
+            assert!(!is_configuration(c), "{c:?}");
+        }
+    }
+
+    /// Issue 39, finding 1: an ACL or a topic that is wrong blocks the
+    /// output (retried, said) and never skips a message.
+    #[test]
+    fn configuration_errors_are_retried_never_skipped() {
+        for c in [
+            C::TopicAuthorizationFailed,
+            C::ClusterAuthorizationFailed,
+            C::SaslAuthenticationFailed,
+            C::InvalidTopic,
+            C::UnknownTopic,
+            C::UnknownTopicOrPartition,
+        ] {
+            assert!(!is_permanent(c), "{c:?} must not skip messages");
+            assert!(is_configuration(c), "{c:?}");
+            assert_eq!(next_step(is_permanent(c), true, true), Step::Retry);
         }
     }
 }

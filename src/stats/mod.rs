@@ -202,6 +202,10 @@ macro_rules! counters {
             pub site_counts: [[AtomicU64; SITE_SLOTS]; SITE_COUNTS.len()],
             /// Queue input messages rejected (skipped), by [`REJECT_REASONS`].
             pub queue_rejected: [AtomicU64; REJECT_REASONS.len()],
+            /// Shard 0's: the queue's output is blocked by the
+            /// configuration or the cluster (a missing output topic, no
+            /// right to write it): publishes are retried meanwhile.
+            pub queue_output_blocked: std::sync::atomic::AtomicBool,
             /// Callback latency ([`LATENCY_BOUNDS_US`], as the ones below).
             pub callback_latency: Histogram,
             /// Queue lateness (publish acknowledged minus deadline) histogram.
@@ -672,6 +676,8 @@ fn queue_stages(out: &mut String, shards: &[ShardStats]) {
         "Queue: latency of one batched Postgres statement.",
         |s| &s.pg_batch,
     );
+    let blocked = shards.iter().any(|s| s.queue_output_blocked.load(Relaxed));
+    let _ = writeln!(out, "# HELP chronos_queue_output_blocked 1 while the delay queue cannot publish for a reason of the configuration or the cluster (the output topic missing, no right to write it, failed authentication): messages are retried, never skipped; /ready says why.\n# TYPE chronos_queue_output_blocked gauge\nchronos_queue_output_blocked {}", u8::from(blocked));
     let name = "chronos_queue_stage_seconds";
     let _ = writeln!(out, "# HELP {name} Queue: time per stage (see the README's delay queue section).\n# TYPE {name} histogram");
     for (k, stage) in QUEUE_STAGES.iter().enumerate() {
