@@ -118,7 +118,7 @@ impl QueueConfig {
         500
     }
     fn default_takeover_after_ms() -> u64 {
-        500
+        300
     }
     fn default_look_ahead_ms() -> u64 {
         1000
@@ -246,8 +246,8 @@ impl QueueConfig {
 /// `max.poll.interval.ms` (300 s by default) must stay far away.
 const PAUSE_AFTER_MS_MAX: u64 = 10_000;
 
-/// The shortest takeover-after-ms but 0: two looks (every 100 ms) at least.
-const TAKEOVER_AFTER_MS_MIN: u64 = 200;
+/// The shortest takeover-after-ms but 0: a few looks (every 50 ms) at least.
+const TAKEOVER_AFTER_MS_MIN: u64 = 150;
 
 /// The shortest dead-row look-up period: each look-up is a statement on
 /// Postgres, and its statistics change about once a second anyway.

@@ -69,8 +69,9 @@ impl QueueShard {
             // The poll interval, with a little jitter (up to 10%).
             let jitter = self.jitter_ms(cfg.poll_interval_ms / 10);
             let spent = started.elapsed().as_millis() as u64;
-            self.pause((cfg.poll_interval_ms + jitter).saturating_sub(spent))
-                .await;
+            // Or at once when a takeover reset rows (`takeover.rs`).
+            let wait = (cfg.poll_interval_ms + jitter).saturating_sub(spent);
+            futures_lite::future::or(self.pause(wait), self.claim_wake.wait()).await;
         }
     }
 

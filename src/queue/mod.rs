@@ -301,6 +301,9 @@ pub struct QueueShard {
     to_delete: RefCell<Vec<(String, i64)>>,
     in_hand: InHand,
     delete_wake: Notify,
+    /// Wakes the claim loop before its poll interval (a takeover reset
+    /// rows that may be due now).
+    claim_wake: Notify,
     rng: Cell<u64>,
     publish_warned: Cell<Option<Instant>>,
     publish_failures_unlogged: Cell<u64>,
@@ -334,6 +337,7 @@ impl QueueShard {
             to_delete: RefCell::new(Vec::new()),
             in_hand: InHand::default(),
             delete_wake: Notify::default(),
+            claim_wake: Notify::default(),
             rng: Cell::new(clock::unix_us() | 1),
             publish_warned: Cell::new(None),
             publish_failures_unlogged: Cell::new(0),

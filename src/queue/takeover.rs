@@ -33,7 +33,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 /// How often shard 0 looks for registered nodes without a session.
-pub const TAKEOVER_CHECK_MS: u64 = 100;
+pub const TAKEOVER_CHECK_MS: u64 = 50;
 /// Rows reset per statement.
 const TAKEOVER_BATCH_MAX: i64 = 10_000;
 /// A gap between two looks longer than this (a slow or failed statement)
@@ -189,6 +189,7 @@ impl QueueShard {
         {
             return false;
         }
+        self.claim_wake.notify();
         tracing::warn!(target: "chronos::queue", "node {node} had no connection to Postgres for {} ms: {taken} claimed messages taken over", after.as_millis());
         true
     }

@@ -476,3 +476,62 @@ pub fn wait_not_ready(node: &super::Node, what: &str, timeout: Duration) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A broker with a fresh `<name>_in` topic and a fresh table name; the
+/// output topic's name is chosen but the topic is not created (create it
+/// with `broker.create_topic`). tansu 0.6 never creates a topic by itself:
+/// it answers a metadata request for a missing topic with
+/// `UNKNOWN_TOPIC_OR_PARTITION` whatever `allow_auto_topic_creation` says.
+pub fn setup_without_output(name: &str, partitions: u32) -> Setup {
+    let broker = Broker::start();
+    let input = unique(&format!("{name}_in"));
+    broker.create_topic(&input, partitions);
+    Setup {
+        broker,
+        input,
+        output: unique(&format!("{name}_out")),
+        table: unique(&format!("q_{name}")),
+    }
+}
+
+impl Setup {
+    /// A node on this setup's table and output topic that consumes a topic
+    /// of its own (empty) in a group of its own: it claims and publishes
+    /// the table's rows like any node, but owns none of the input's
+    /// partitions, so that stopping or killing it moves no partition (no
+    /// rebalance, no input read again).
+    pub fn claimer(&self, extra: &str) -> super::Node {
+        let idle = unique("idle_in");
+        self.broker.create_topic(&idle, 1);
+        let config = queue_config(
+            &self.broker.brokers(),
+            &idle,
+            &self.output,
+            &self.table,
+            extra,
+        );
+        let group = format!("consumer-group = \"{}\"", self.table);
+        assert!(config.contains(&group));
+        let own_group = format!("consumer-group = \"{}_idle\"", self.table);
+        super::Node::start(&config.replace(&group, &own_group))
+    }
+}
+
+/// The node ID a queue node logged at start (`delay queue node started
+/// node_id=...`), as its claims write it into `readied_by`.
+pub fn queue_node_id(node: &super::Node) -> String {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = node.log_text();
+        let id = log
+            .lines()
+            .filter(|l| l.contains("delay queue node started"))
+            .find_map(|l| l.split("node_id=").nth(1))
+            .and_then(|rest| rest.get(..36));
+        if let Some(id) = id {
+            return id.to_string();
+        }
+        assert!(Instant::now() < until, "no node ID logged:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
