@@ -703,11 +703,16 @@ fn insert_conflict(t: &str) -> String {
 /// while the delete was on its way: [`insert_conflict`]), or a row taken
 /// over by another node after a suspected failure, is left alone. The
 /// latter is then published again by its new holder: a duplicate, as at
-/// least once allows, never a loss.
+/// least once allows, never a loss. The rows are found by the primary key
+/// (`id = ANY`), then matched with their incarnations: joined on the ID
+/// alone, the planner merged the whole primary-key index with the list
+/// (70 ms for 2,000 IDs among 100,000 rows, against 17 ms this way and
+/// 11 ms for the delete by ID alone).
 fn delete_sql(t: &str) -> String {
     format!(
         "DELETE FROM {t} USING UNNEST($1::text[], $2::timestamp[]) AS d(i, dl)
-         WHERE {t}.id = d.i AND {t}.deadline = d.dl AND {t}.readied_by = $3::text::uuid
+         WHERE {t}.id = ANY($1::text[]) AND {t}.id = d.i AND {t}.deadline = d.dl
+           AND {t}.readied_by = $3::text::uuid
          RETURNING {t}.id"
     )
 }
@@ -815,6 +820,16 @@ mod tests {
         h.set(7, now); // no such shard: ignored
         h.set(2, 0);
         assert_eq!(h.stalled_ms(), 0);
+    }
+
+    /// Issue 39: a delete names the incarnation published, and finds its
+    /// rows by the primary key.
+    #[test]
+    fn the_delete_names_the_incarnation_and_probes_the_primary_key() {
+        let sql = delete_sql("t");
+        assert!(sql.contains("t.id = ANY($1::text[])"), "{sql}");
+        assert!(sql.contains("t.deadline = d.dl"), "{sql}");
+        assert!(sql.contains("t.readied_by = $3::text::uuid"), "{sql}");
     }
 
     #[test]
