@@ -1,9 +1,10 @@
 //! The architecture rule, checked on the source: every module of `src/`
-//! names only the modules the README's layer table lets it name, and no
-//! function in `src/` runs past 70 lines.
+//! names only the modules the architecture's layer table lets it name, and
+//! no function in `src/` runs past 70 lines.
 //!
-//! The table is read from README.md (section "Layers"), so the rule an
-//! operator reads is the rule the build keeps. A module "names" another
+//! The table is read from src/README.md (section "Layers", the crate's
+//! rustdoc front page), so the rule a reader reads is the rule the build
+//! keeps. A module "names" another
 //! when its code (comments excluded, tests included) says `crate::other`,
 //! `crate::{.., other, ..}`, or, in a top-level `mod.rs`, `super::other`.
 
@@ -18,15 +19,15 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `module -> modules it may name`, from the README's layer table: rows
-/// `| `module` | `a`, `b`, ... |` between the "### Layers" heading and the
+/// `module -> modules it may name`, from src/README.md's layer table: rows
+/// `| `module` | `a`, `b`, ... |` between the "## Layers" heading and the
 /// next heading.
 fn rule() -> BTreeMap<String, BTreeSet<String>> {
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let readme = std::fs::read_to_string(root().join("src/README.md")).expect("src/README.md");
     let section = readme
-        .split("### Layers")
+        .split("\n## Layers\n")
         .nth(1)
-        .expect("README.md has a '### Layers' section");
+        .expect("src/README.md has a '## Layers' section");
     let section = section.split("\n#").next().unwrap_or(section);
     let mut rule = BTreeMap::new();
     for line in section.lines().filter(|l| l.starts_with("| `")) {
@@ -264,7 +265,7 @@ fn modules_name_only_the_layers_beneath_them() {
         };
         let Some(allowed) = rule.get(&module) else {
             violations.push(format!(
-                "{}: module {module} is not in the README's layer table",
+                "{}: module {module} is not in src/README.md's layer table",
                 file.display()
             ));
             continue;

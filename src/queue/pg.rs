@@ -675,6 +675,20 @@ fn claim_sql(t: &str) -> String {
     )
 }
 
+/// The insert of a batch (`UNNEST` arrays), idempotent on a waiting ID
+/// ([`insert_conflict`]).
+fn insert_sql(t: &str) -> String {
+    format!(
+        "INSERT INTO {t} (id, deadline, message_headers, message_key, message_value)
+         SELECT DISTINCT ON (i) i, d, h::jsonb, k, v
+         FROM UNNEST($1::text[], $2::timestamp[], $3::text[], $4::bytea[], $5::bytea[])
+             WITH ORDINALITY AS m(i, d, h, k, v, n)
+         ORDER BY i, n
+         {}",
+        insert_conflict(t)
+    )
+}
+
 /// An input message whose ID is in the table already: kept out while that
 /// row waits (the same message consumed again after a restart, or a
 /// message reusing the ID of one not yet due: seed 004's rule); but it
@@ -743,16 +757,7 @@ async fn prepare(
                 .map_err(|e| format!("prepare: {}", describe(&e)))
         }
     };
-    let insert = prep(format!(
-        "INSERT INTO {t} (id, deadline, message_headers, message_key, message_value)
-         SELECT DISTINCT ON (i) i, d, h::jsonb, k, v
-         FROM UNNEST($1::text[], $2::timestamp[], $3::text[], $4::bytea[], $5::bytea[])
-             WITH ORDINALITY AS m(i, d, h, k, v, n)
-         ORDER BY i, n
-         {}",
-        insert_conflict(t)
-    ))
-    .await?;
+    let insert = prep(insert_sql(t)).await?;
     // Only a row still waiting holds a late message back: one claimed may
     // be published already, its delete on the way (issue 39).
     let exists = prep(format!(
