@@ -679,7 +679,7 @@ fn queue_stages(out: &mut String, shards: &[ShardStats]) {
     let blocked = shards.iter().any(|s| s.queue_output_blocked.load(Relaxed));
     let _ = writeln!(out, "# HELP chronos_queue_output_blocked 1 while the delay queue cannot publish for a reason of the configuration or the cluster (the output topic missing, no right to write it, failed authentication): messages are retried, never skipped; /ready says why.\n# TYPE chronos_queue_output_blocked gauge\nchronos_queue_output_blocked {}", u8::from(blocked));
     let name = "chronos_queue_stage_seconds";
-    let _ = writeln!(out, "# HELP {name} Queue: time per stage (see the README's delay queue section).\n# TYPE {name} histogram");
+    let _ = writeln!(out, "# HELP {name} Queue: time per stage (see tuning.md, the delay queue).\n# TYPE {name} histogram");
     for (k, stage) in QUEUE_STAGES.iter().enumerate() {
         let label = format!("stage=\"{stage}\"");
         let each = shards.iter().map(|s| &s.queue_stage[k]);
