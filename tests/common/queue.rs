@@ -535,3 +535,26 @@ pub fn queue_node_id(node: &super::Node) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+impl Broker {
+    /// Start on `port`, advertising `advertised` in its metadata (a proxy
+    /// of the test's own in front of it): a client bootstrapped on either
+    /// port then makes every further connection through the proxy.
+    pub fn start_advertising(port: u16, advertised: u16) -> Broker {
+        let child = Command::new(tansu_path())
+            .args(["broker", "--storage-engine", "memory://tansu/"])
+            .args(["--listener-url", &format!("tcp://127.0.0.1:{port}")])
+            .arg("--advertised-listener-url")
+            .arg(format!("tcp://127.0.0.1:{advertised}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tansu");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Broker { child, port }
+    }
+}
