@@ -443,3 +443,70 @@ fn report_takeover(keys: &[String], seen: &[Output], killed_ms: i64, due_ms: i64
         log_tail(s)
     );
 }
+
+/// The cold review of issue 39's first cut (ON CONFLICT replaced a
+/// claimed row): a message whose ID reuses that of a row claimed but not
+/// yet published, and then the holder stops before publishing (`kill -9`,
+/// or SIGTERM). Both messages must come out. The first cut lost the older
+/// one (its row held the newer message, nothing was left to take over);
+/// the code before it lost the newer one (dropped as a duplicate, then its
+/// row deleted with the old one). Now the newer message waits in the
+/// enqueue until the claimed row is gone.
+fn reused_id_while_claimed_then_holder_stops(name: &str, stop: impl FnOnce(&mut Node)) {
+    let _turn = turn();
+    let s = setup(name, 1);
+    let survivor = s.node("");
+    let mut victim = s.claimer("look-ahead-ms = 3000");
+    let victim_id = queue_node_id(&victim);
+    survivor.wait_ready_200(Duration::from_secs(20));
+    victim.wait_ready_200(Duration::from_secs(20));
+    let p = producer(&s.broker.brokers());
+    let reader = warm_reader(&s, &p);
+    let due1 = now_ms() + 4_000;
+    produce_to(&p, &s.input, 0, &[input("x", b"x-1", &iso(due1))]);
+    let by = wait_until("message 1 claimed", Duration::from_secs(10), || {
+        claimed_by(&s.table, "x").ok_or_else(|| "not claimed".to_string())
+    });
+    assert_eq!(
+        by, victim_id,
+        "the premise fails: V did not claim message 1"
+    );
+    let due2 = now_ms() + 8_000;
+    produce_to(&p, &s.input, 0, &[input("x", b"x-2", &iso(due2))]);
+    // Consumed by S (which holds message 2 back: its ID is claimed).
+    wait_metric(
+        &survivor,
+        "chronos_queue_consumed_total",
+        2.0,
+        Duration::from_secs(10),
+    );
+    assert!(
+        now_ms() < due1 - 300,
+        "the premise fails: too late to stop V before message 1's deadline"
+    );
+    stop(&mut victim);
+    let until = instant_of_ms(due2 + 8_000);
+    let r1 = wait_value(&reader, "x", "x-1", until);
+    let r2 = wait_value(&reader, "x", "x-2", until);
+    eprintln!("x published as {:?}", values_of(&reader, "x"));
+    assert!(
+        r1.is_ok(),
+        "message 1 lost: {r1:?}\n{}",
+        log_tail(&survivor)
+    );
+    assert!(
+        r2.is_ok(),
+        "message 2 lost: {r2:?}\n{}",
+        log_tail(&survivor)
+    );
+}
+
+#[test]
+fn an_older_message_survives_its_holder_s_kill_after_its_id_was_reused() {
+    reused_id_while_claimed_then_holder_stops("r39kill", |v| v.kill9());
+}
+
+#[test]
+fn an_older_message_survives_its_holder_s_stop_after_its_id_was_reused() {
+    reused_id_while_claimed_then_holder_stops("r39term", |v| v.signal(libc::SIGTERM));
+}

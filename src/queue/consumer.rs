@@ -22,7 +22,7 @@ use crate::stats::ShardStats;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Headers, Message};
-use rdkafka::producer::ThreadedProducer;
+use rdkafka::producer::{Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -47,6 +47,8 @@ const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 /// A failed committed-offset look-up is tried again after this long (the
 /// partitions wait, paused, meanwhile).
 const LOOKUP_RETRY: Duration = Duration::from_secs(1);
+/// ... doubling while it keeps failing, up to this.
+const LOOKUP_RETRY_MAX: Duration = Duration::from_secs(8);
 
 /// The consumer's context: records the group's assignments and
 /// revocations (librdkafka calls it from inside `poll`, on the consumer
@@ -246,7 +248,7 @@ fn consume_thread(
                 .is_ok();
             shared.kafka_up.store(up, Ordering::Relaxed);
             if up {
-                let output = probe_output(&shared.consumer, &shared.config.output_topic);
+                let output = probe_output(shared.producer.client(), &shared.config.output_topic);
                 shared.output.probed(output, &h.stats[0]);
             }
         }
@@ -279,11 +281,15 @@ fn consume_thread(
     }
 }
 
-/// Whether the output topic can be used: its metadata names it without an
-/// error and with at least one partition (`Err`: why not). A broker that
-/// does not answer in time is not counted (readiness says so already).
-fn probe_output(consumer: &BaseConsumer<Group>, topic: &str) -> Result<(), String> {
-    let Ok(metadata) = consumer.fetch_metadata(Some(topic), Duration::from_secs(1)) else {
+/// Whether the output topic can be used: its metadata, asked with the
+/// producer's own client (its credentials, its rights), names it without
+/// an error and with at least one partition (`Err`: why not). A broker
+/// that does not answer in time is not counted (readiness says so).
+fn probe_output<C: rdkafka::ClientContext>(
+    producer: &rdkafka::client::Client<C>,
+    topic: &str,
+) -> Result<(), String> {
+    let Ok(metadata) = producer.fetch_metadata(Some(topic), Duration::from_secs(1)) else {
         return Ok(());
     };
     let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
@@ -315,11 +321,20 @@ fn committed_offsets(
     let got = consumer
         .committed_offsets(tpl, COMMITTED_TIMEOUT)
         .map_err(|e| e.to_string())?;
-    let offset = |p: i32| match got.find_partition(topic, p)?.offset() {
-        Offset::Offset(n) => Some(n),
-        _ => None,
-    };
-    Ok(partitions.iter().map(|&p| offset(p)).collect())
+    let mut offsets = Vec::with_capacity(partitions.len());
+    for &p in partitions {
+        let Some(elem) = got.find_partition(topic, p) else {
+            return Err(format!("partition {p} missing from the answer"));
+        };
+        // An error for one partition is a failed look-up too, not "no
+        // committed offset" (which would let its records through).
+        elem.error().map_err(|e| format!("partition {p}: {e}"))?;
+        offsets.push(match elem.offset() {
+            Offset::Offset(n) => Some(n),
+            _ => None,
+        });
+    }
+    Ok(offsets)
 }
 
 /// An owned copy of a polled message.
@@ -386,8 +401,10 @@ struct Handoff<'a> {
     /// Partitions the gap guard holds paused ([`Gaps::holds`]): a failed
     /// look-up or seek, until it is done again.
     held: Vec<i32>,
-    /// When the failed committed-offset look-ups were last tried.
+    /// When the failed committed-offset look-ups were last tried (the end
+    /// of the call), and how long until the next try.
     looked_up: Instant,
+    lookup_backoff: Duration,
     pause_after: Duration,
 }
 
@@ -413,6 +430,7 @@ impl<'a> Handoff<'a> {
             stats,
             held: Vec::new(),
             looked_up: Instant::now(),
+            lookup_backoff: LOOKUP_RETRY,
             pause_after: Duration::from_millis(shared.config.pause_after_ms),
         }
     }
@@ -562,21 +580,27 @@ impl<'a> Handoff<'a> {
     /// Look the committed offsets of the partitions the guard holds for
     /// them up again, at most every [`LOOKUP_RETRY`].
     fn look_up_again(&mut self) {
-        if self.looked_up.elapsed() < LOOKUP_RETRY {
+        if self.looked_up.elapsed() < self.lookup_backoff {
             return;
         }
-        self.looked_up = Instant::now();
         let partitions = self.gaps.unknown();
         if partitions.is_empty() {
+            self.lookup_backoff = LOOKUP_RETRY;
             return;
         }
         let topic = self.shared.config.input_topic.as_str();
-        match committed_offsets(&self.shared.consumer, topic, &partitions) {
+        let result = committed_offsets(&self.shared.consumer, topic, &partitions);
+        // Counted from the end of the call, which may block up to its
+        // timeout: the thread keeps polling the other partitions between.
+        self.looked_up = Instant::now();
+        match result {
             Ok(committed) => {
                 tracing::info!(target: "chronos::queue", "committed offsets of {partitions:?} had at last: {committed:?}");
+                self.lookup_backoff = LOOKUP_RETRY;
                 self.known(&partitions, committed);
             }
             Err(e) => {
+                self.lookup_backoff = (self.lookup_backoff * 2).min(LOOKUP_RETRY_MAX);
                 tracing::debug!(target: "chronos::queue", "committed offsets of {partitions:?} still not had: {e}")
             }
         }

@@ -2,7 +2,8 @@
 //! 004 handles them one by one: a message due within the timing advance is
 //! published at once unless its ID waits in the table (from before, or
 //! stored by an earlier message of the batch); the rest are inserted with
-//! one `UNNEST` statement (idempotent on the ID). The late ones are handed
+//! one `UNNEST` statement (idempotent on a waiting ID; a message whose ID
+//! belongs to a claimed row waits until that row is gone: `insert`). The late ones are handed
 //! to the producer before the insert, and their acknowledgements awaited
 //! after it; offsets are stored for commit only then.
 
@@ -18,7 +19,7 @@ use crate::stats::{
     STAGE_STORED,
 };
 use rdkafka::consumer::Consumer;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::rc::Rc;
@@ -149,7 +150,8 @@ impl QueueShard {
     /// (Postgres refuses the data, or the message) splits the statement's
     /// rows in halves until the row at fault stands alone; it is logged,
     /// counted and skipped, so it costs only itself (at most `2n - 1`
-    /// statements for `n` rows).
+    /// statements for `n` rows). A row kept out by a claimed row with its
+    /// ID is held back until that row is gone ([`Self::hold_back`]).
     async fn insert(&self, s: &Sorted) -> bool {
         let started = Instant::now();
         let ranges = byte_ranges(s, self.cfg().insert_batch_bytes_max);
@@ -157,10 +159,15 @@ impl QueueShard {
             ShardStats::add(&self.stats().queue_rejected[REJECT_UNSTORABLE], 1);
             tracing::warn!(target: "chronos::queue", id = ?s.ids[row], "input message rejected: Postgres cannot store it ({e}); skipped");
         };
-        let attempt = |r: Range<usize>| self.insert_range(s, r);
+        let held: RefCell<Vec<usize>> = RefCell::new(Vec::new());
+        let attempt = |r: Range<usize>| self.insert_range(s, r, &held);
         let Some(stored) = split_on_refusal(ranges, s.ids.len(), attempt, refused).await else {
             return false;
         };
+        let held = held.into_inner();
+        if !held.is_empty() && !self.hold_back(s, held).await {
+            return false;
+        }
         let stats = self.stats();
         stats.record_pg_batch(started.elapsed());
         stats.record_queue_stage(STAGE_INSERT, started.elapsed());
@@ -168,17 +175,82 @@ impl QueueShard {
         true
     }
 
-    /// One `INSERT ... UNNEST` over rows `r` of the batch.
-    async fn insert_range(&self, s: &Sorted, r: Range<usize>) -> Result<(), QueryError> {
-        let ids = &s.ids[r.clone()];
-        let deadlines = &s.deadlines[r.clone()];
-        let headers = &s.header_json[r.clone()];
-        let keys = &s.keys[r.clone()];
-        let values = &s.values[r];
+    /// One insert over rows `r` of the batch; the rows a claimed row kept
+    /// out are added to `held`.
+    async fn insert_range(
+        &self,
+        s: &Sorted,
+        r: Range<usize>,
+        held: &RefCell<Vec<usize>>,
+    ) -> Result<(), QueryError> {
+        let rows: Vec<usize> = r.collect();
+        let answer = self.insert_rows(s, &rows).await?;
+        let kept_out = answer.iter().filter(|(_, stored)| !stored);
+        let mut held = held.borrow_mut();
+        for (id, _) in kept_out {
+            // The first row with the ID: the one the statement tried.
+            if let Some(&row) = rows.iter().find(|&&i| s.ids[i] == *id) {
+                held.push(row);
+            }
+        }
+        Ok(())
+    }
+
+    /// One insert statement over `rows` of the batch: each ID stored
+    /// (`true`) or kept out by a claimed row (`false`), as `pg.rs`'s
+    /// `insert_sql` answers.
+    async fn insert_rows(
+        &self,
+        s: &Sorted,
+        rows: &[usize],
+    ) -> Result<Vec<(String, bool)>, QueryError> {
+        assert!(!rows.is_empty(), "an insert has rows");
+        let ids: Vec<&str> = rows.iter().map(|&i| s.ids[i].as_str()).collect();
+        let deadlines: Vec<SystemTime> = rows.iter().map(|&i| s.deadlines[i]).collect();
+        let headers: Vec<&str> = rows.iter().map(|&i| s.header_json[i].as_str()).collect();
+        let keys: Vec<Option<&[u8]>> = rows.iter().map(|&i| s.keys[i].as_deref()).collect();
+        let values: Vec<Option<&[u8]>> = rows.iter().map(|&i| s.values[i].as_deref()).collect();
         let params: [&(dyn ToSql + Sync); 5] = [&ids, &deadlines, &headers, &keys, &values];
-        query_input(&self.pg, |c| &c.insert, &params)
-            .await
-            .map(|_| ())
+        let answer = query_input(&self.pg, |c| &c.insert, &params).await?;
+        Ok(answer
+            .iter()
+            .filter_map(|r| Some((r.try_get::<_, String>(0).ok()?, r.try_get(1).ok()?)))
+            .collect())
+    }
+
+    /// Rows kept out by a claimed row with their ID (ready, or published
+    /// with its delete on the way): tried again every poll interval until
+    /// each is stored, that is until the claimed row is gone. Meanwhile the
+    /// batch's offsets are not stored and the shard takes no more input,
+    /// which lasts about the look-ahead (a claimed row is due within it),
+    /// or a takeover's time if its holder died. `false` only at shutdown.
+    async fn hold_back(&self, s: &Sorted, mut rows: Vec<usize>) -> bool {
+        rows.sort_unstable();
+        rows.dedup();
+        let first = &s.ids[rows[0]];
+        tracing::info!(target: "chronos::queue", "{} input message(s) (the first {first:?}) wait: a message with the same ID is claimed, ready or published with its delete on the way; each is stored once that row is gone", rows.len());
+        while !rows.is_empty() {
+            self.pause(self.cfg().poll_interval_ms).await;
+            if self.gate.is_closing() {
+                return false;
+            }
+            match self.insert_rows(s, &rows).await {
+                Ok(answer) => {
+                    rows.retain(|&i| !answer.iter().any(|(id, stored)| *stored && *id == s.ids[i]))
+                }
+                Err(QueryError::Shutdown) => return false,
+                Err(QueryError::Permanent(e)) => {
+                    // Stored once already in this batch's statement: not
+                    // expected; never spin on it.
+                    for &i in &rows {
+                        ShardStats::add(&self.stats().queue_rejected[REJECT_UNSTORABLE], 1);
+                        tracing::warn!(target: "chronos::queue", id = ?s.ids[i], "input message rejected: Postgres cannot store it ({e}); skipped");
+                    }
+                    return true;
+                }
+            }
+        }
+        true
     }
 
     /// Which of `ids` already wait in the table; `None` only at shutdown.

@@ -3,8 +3,9 @@
 //! authentication) rather than by one message. Two witnesses set it:
 //! - a publish refused for such a reason (`producer.rs`,
 //!   [`super::producer::is_configuration`]), until a publish succeeds;
-//! - the consumer thread's probe of the output topic's metadata
-//!   (`consumer.rs`, every two seconds), until the topic is seen again.
+//! - the consumer thread's probe of the output topic's metadata with the
+//!   producer's client (`consumer.rs`, every two seconds), until the topic
+//!   is seen again or a publish succeeds.
 //!
 //! While either holds, the messages are retried with backoff (none is
 //! skipped), `/ready` answers 503 naming the topic and the error, and
@@ -58,12 +59,15 @@ impl Output {
         self.mirror(stats);
     }
 
-    /// A publish was acknowledged: a block from refusals is over.
+    /// A publish was acknowledged: the output works, whatever a probe or
+    /// an earlier refusal said.
     pub fn published(&self, stats: &ShardStats) {
-        if !self.refused.load(Ordering::Relaxed) {
+        if !self.refused.load(Ordering::Relaxed) && !self.missing.load(Ordering::Relaxed) {
             return;
         }
-        if self.refused.swap(false, Ordering::AcqRel) {
+        let refused = self.refused.swap(false, Ordering::AcqRel);
+        let missing = self.missing.swap(false, Ordering::AcqRel);
+        if refused || missing {
             tracing::info!(target: "chronos::queue", topic = %self.topic, "publishing to the output topic works again");
             self.mirror(stats);
         }
@@ -132,14 +136,21 @@ mod tests {
         assert!(p.contains("out") && p.contains("authorization"), "{p}");
         assert!(stats.queue_output_blocked.load(Ordering::Relaxed));
         o.probed(Err("unknown topic".into()), &stats);
-        o.published(&stats);
         let p = o.problem().unwrap();
         assert!(
-            p.contains("unknown topic") && !p.contains("authorization"),
+            p.contains("unknown topic") && p.contains("authorization"),
+            "{p}"
+        );
+        o.probed(Ok(()), &stats);
+        let p = o.problem().unwrap();
+        assert!(
+            !p.contains("unknown topic") && p.contains("authorization"),
             "{p}"
         );
         assert!(stats.queue_output_blocked.load(Ordering::Relaxed));
-        o.probed(Ok(()), &stats);
+        // A publish acknowledged clears both witnesses.
+        o.probed(Err("unknown topic".into()), &stats);
+        o.published(&stats);
         assert_eq!(o.problem(), None);
         assert!(!stats.queue_output_blocked.load(Ordering::Relaxed));
     }

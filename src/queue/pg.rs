@@ -131,11 +131,6 @@ pub struct Conn {
     pub stuck: Statement,
     pub reset: Statement,
     pub refresh: Statement,
-    /// Takeover (`takeover.rs`): the nodes without a session, the reset
-    /// of one node's rows, and its registration removed.
-    pub gone: Statement,
-    pub take_over: Statement,
-    pub forget: Statement,
     /// Set when the connection task ends or the connection is given up.
     broken: Rc<Cell<bool>>,
     /// The connection task, cancelled when the connection is given up.
@@ -161,8 +156,6 @@ pub struct Claimed {
 
 pub struct Pg {
     config: tokio_postgres::Config,
-    /// This node's ID (registered on each connection: `takeover.rs`).
-    node_id: String,
     table: String,
     conn: RefCell<Option<Rc<Conn>>>,
     /// Serialises (re)connection attempts.
@@ -241,10 +234,8 @@ pub fn schema(table: &str) -> String {
         IF to_regclass('{table}_readied_idx') IS NULL THEN
             CREATE INDEX {table}_readied_idx ON {table} (readied_at) WHERE readied_at IS NOT NULL;
         END IF;
-        {}
         END $chronos$;
-        COMMIT;",
-        takeover::registry_schema(table)
+        COMMIT;"
     )
 }
 
@@ -293,7 +284,6 @@ impl Pg {
         // Takeover tells a live node's sessions by this name.
         config.application_name(takeover::session_name(&q.node_id));
         Pg {
-            node_id: q.node_id.clone(),
             stats,
             shard,
             role,
@@ -438,10 +428,9 @@ impl Pg {
             Role::Claim | Role::Delete => "SET synchronous_commit = off;\n",
         };
         let setup = format!(
-            "SET statement_timeout = {};\n{commit}{INDEX_PLANS}{CUSTOM_PLANS}{}{}",
+            "SET statement_timeout = {};\n{commit}{INDEX_PLANS}{CUSTOM_PLANS}{}",
             self.statement_timeout_ms,
-            schema(t),
-            takeover::register_sql(t, &self.node_id)
+            schema(t)
         );
         client
             .batch_execute(&setup)
@@ -675,47 +664,40 @@ fn claim_sql(t: &str) -> String {
     )
 }
 
-/// The insert of a batch (`UNNEST` arrays), idempotent on a waiting ID
-/// ([`insert_conflict`]).
+/// The insert of a batch (`UNNEST` arrays): each row is stored unless its
+/// ID is in the table already (`DO NOTHING`; an ID twice in one statement
+/// is stored once, as its first message). It returns each ID stored
+/// (`true`) and each ID kept out by a *claimed* row (`false`: the
+/// statement's snapshot, before its own inserts). A message whose ID
+/// belongs to a waiting row is a duplicate, ignored as seed 004 says; one
+/// whose ID belongs to a claimed row (ready, perhaps published with its
+/// delete on the way) is a new message the enqueue holds back until that
+/// row is gone (`enqueue.rs`): it used to be dropped, its offset
+/// committed, and the old row then deleted (issue 39); and a claimed row
+/// is never overwritten, so the older message is not lost either should
+/// its holder die before publishing it.
 fn insert_sql(t: &str) -> String {
     format!(
-        "INSERT INTO {t} (id, deadline, message_headers, message_key, message_value)
-         SELECT DISTINCT ON (i) i, d, h::jsonb, k, v
-         FROM UNNEST($1::text[], $2::timestamp[], $3::text[], $4::bytea[], $5::bytea[])
-             WITH ORDINALITY AS m(i, d, h, k, v, n)
-         ORDER BY i, n
-         {}",
-        insert_conflict(t)
-    )
-}
-
-/// An input message whose ID is in the table already: kept out while that
-/// row waits (the same message consumed again after a restart, or a
-/// message reusing the ID of one not yet due: seed 004's rule); but it
-/// replaces a row that is claimed, which may be published already with its
-/// delete on the way. The new incarnation waits unclaimed, and the holder's
-/// delete, which names the incarnation it published ([`delete_sql`]), no
-/// longer matches it. (With `DO NOTHING` the new message was dropped, its
-/// offset committed, and then the old row deleted: lost. Issue 39.) Should
-/// the holder not have published the claimed one yet, it still publishes
-/// it from memory; should the holder die first, the ID's newest message is
-/// the one published. An ID twice in one statement is stored once, as its
-/// first message (as `DO NOTHING` did; `DO UPDATE` may not touch a row
-/// twice in one statement, so the insert keeps the first of each ID).
-fn insert_conflict(t: &str) -> String {
-    format!(
-        "ON CONFLICT (id) DO UPDATE SET deadline = EXCLUDED.deadline,
-             message_headers = EXCLUDED.message_headers, message_key = EXCLUDED.message_key,
-             message_value = EXCLUDED.message_value, readied_at = NULL, readied_by = NULL
-         WHERE {t}.readied_at IS NOT NULL"
+        "WITH stored AS (
+             INSERT INTO {t} (id, deadline, message_headers, message_key, message_value)
+             SELECT DISTINCT ON (i) i, d, h::jsonb, k, v
+             FROM UNNEST($1::text[], $2::timestamp[], $3::text[], $4::bytea[], $5::bytea[])
+                 WITH ORDINALITY AS m(i, d, h, k, v, n)
+             ORDER BY i, n
+             ON CONFLICT (id) DO NOTHING
+             RETURNING id)
+         SELECT id::text, true FROM stored
+         UNION ALL
+         SELECT id::text, false FROM {t} WHERE id = ANY($1::text[]) AND readied_at IS NOT NULL"
     )
 }
 
 /// The delete of published rows: each named by its ID and the incarnation
 /// published (`$2`, its deadline, and `$3`, this node as its holder),
-/// never by ID alone, so that a newer message with the same ID (inserted
-/// while the delete was on its way: [`insert_conflict`]), or a row taken
-/// over by another node after a suspected failure, is left alone. The
+/// never by ID alone, so that a newer message with the same ID (stored
+/// once a node that took the row over deleted it: [`insert_sql`]), or a
+/// row taken over by another node after a suspected failure, is left
+/// alone. The
 /// latter is then published again by its new holder: a duplicate, as at
 /// least once allows, never a loss. The rows are found by the primary key
 /// (`id = ANY`), then matched with their incarnations: joined on the ID
@@ -787,15 +769,9 @@ async fn prepare(
          WHERE id = ANY($1::text[]) AND readied_by = $2::text::uuid"
     ))
     .await?;
-    let gone = prep(takeover::gone_sql(t)).await?;
-    let take_over = prep(takeover::take_over_sql(t)).await?;
-    let forget = prep(takeover::forget_sql(t)).await?;
     Ok(Conn {
         client,
         refresh,
-        gone,
-        take_over,
-        forget,
         insert,
         exists,
         ready,

@@ -2,14 +2,20 @@
 //! are reset within about a second, not after the whole hold time.
 //!
 //! Every node names its Postgres connections `chronos-<node ID>`
-//! (`application_name`) and registers its ID in `<table>_nodes` on each
-//! connection it makes ([`register_sql`]). A process that dies, `kill -9`
+//! (`application_name`), and shard 0 registers the node's ID in
+//! `<table>_nodes` ([`register_sql`]) at start and every second after, on
+//! a session of its own: a Postgres role that may not create or write the
+//! registry costs only the fast takeover (logged; the hold time still
+//! applies), never the queue's own connections. A process that dies, `kill -9`
 //! included, has its sockets closed by the kernel, and Postgres drops its
 //! sessions from `pg_stat_activity` at once. So every
 //! [`TAKEOVER_CHECK_MS`] shard 0 lists the registered nodes of its own
 //! Postgres role with no session at all ([`gone_sql`]); a node missing in
 //! every look for `[queue] takeover-after-ms` is dead: its claimed rows
-//! are reset ([`take_over_sql`], in batches), logged (`suspected failure
+//! are reset ([`take_over_sql`], in batches, each statement checking again
+//! that the node has no session and that the row is still its claim, so
+//! that neither a node that came back nor another node's fresh claim of a
+//! row reset by a peer is touched), logged (`suspected failure
 //! of <node> for message <id>`, as failure detection does) and counted as
 //! a failure detection's, and its registration removed.
 //!
@@ -25,12 +31,13 @@
 //! node's own looks start again after any gap in them (a Postgres restart
 //! drops every session; the others get the time to come back).
 
-use super::pg::retry_query;
+use super::pg::{describe, within, Maintenance, TIMEOUT_GRACE};
 use super::QueueShard;
 use crate::stats::ShardStats;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+use tokio_postgres::Statement;
 
 /// How often shard 0 looks for registered nodes without a session.
 pub const TAKEOVER_CHECK_MS: u64 = 50;
@@ -50,18 +57,21 @@ pub fn session_name(node_id: &str) -> String {
     format!("chronos-{node_id}")
 }
 
-/// Created with the table (`pg.rs`, `schema`), inside its `DO` block.
+/// Created by the first node that looks (`IF NOT EXISTS` after a look in
+/// the catalog, so that a registry in place takes no lock).
 pub fn registry_schema(table: &str) -> String {
     let r = registry(table);
     format!(
-        "IF to_regclass('{r}') IS NULL THEN
-            CREATE TABLE {r} (node uuid PRIMARY KEY, role name NOT NULL, since timestamp NOT NULL);
-        END IF;"
+        "DO $chronos$ BEGIN
+         IF to_regclass('{r}') IS NULL THEN
+             CREATE TABLE IF NOT EXISTS {r} (node uuid PRIMARY KEY, role name NOT NULL, since timestamp NOT NULL);
+         END IF;
+         END $chronos$;"
     )
 }
 
-/// Run on each new connection: this node is registered (`node_id` is a
-/// UUID this process made, safe to inline).
+/// This node is registered (`node_id` is a UUID this process made, safe
+/// to inline).
 pub fn register_sql(table: &str, node_id: &str) -> String {
     let r = registry(table);
     format!(
@@ -136,39 +146,111 @@ impl Absences {
     }
 }
 
+/// The takeover's own session and its statements.
+struct Session {
+    conn: Maintenance,
+    gone: Statement,
+    take_over: Statement,
+    forget: Statement,
+    /// When this node last registered itself.
+    registered: Option<Instant>,
+}
+
+/// Each statement of the takeover must be answered within this.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// This node registers itself again this often (a peer's takeover may
+/// have forgotten it while all its sessions were down).
+const REGISTER_EVERY: Duration = Duration::from_secs(1);
+/// A failed look (Postgres away, or no right to the registry) is tried
+/// again after this long, on a new session.
+const RETRY_AFTER_MS: u64 = 5_000;
+/// At most one "takeover unavailable" line this often.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
 impl QueueShard {
     pub(super) async fn takeover_loop(self: Rc<Self>) {
         let after = Duration::from_millis(self.cfg().takeover_after_ms);
         assert!(!after.is_zero(), "started only when takeover is on");
         let mut absences = Absences::default();
+        let mut session: Option<Session> = None;
+        let mut logged: Option<Instant> = None;
         loop {
             self.pause(TAKEOVER_CHECK_MS).await;
             if self.gate.is_closing() {
                 return;
             }
-            let me = &self.shared.node_id;
-            let Some(rows) = retry_query(&self.pg_delete, |c| &c.gone, &[me]).await else {
+            let look = self.look(&mut session, &mut absences, after);
+            let Some(result) = futures_lite::future::or(async { Some(look.await) }, async {
+                self.gate.closing().await;
+                None
+            })
+            .await
+            else {
                 return;
             };
-            let gone = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
-            for node in absences.looked(gone, Instant::now(), after) {
-                if !self.take_over(&node, after).await {
-                    return;
+            if let Err(e) = result {
+                session = None;
+                if logged.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+                    logged = Some(Instant::now());
+                    tracing::warn!(target: "chronos::queue", "fast takeover unavailable, retried (a dead node's claimed rows wait for hold-time-ms instead): {e}");
                 }
+                self.pause(RETRY_AFTER_MS).await;
             }
         }
     }
 
-    /// Reset every row `node` claimed, then forget it; `false` only at
-    /// shutdown.
-    async fn take_over(&self, node: &String, after: Duration) -> bool {
+    /// One look: (re)connect and register when due, list the registered
+    /// nodes without a session, and take over those missing long enough.
+    async fn look(
+        &self,
+        session: &mut Option<Session>,
+        absences: &mut Absences,
+        after: Duration,
+    ) -> Result<(), String> {
+        if session.as_ref().is_none_or(|s| s.conn.is_broken()) {
+            *session = Some(self.takeover_session().await?);
+        }
+        let s = session.as_mut().expect("made above");
+        let me = &self.shared.node_id;
+        if s.registered.is_none_or(|t| t.elapsed() >= REGISTER_EVERY) {
+            let register = register_sql(&self.cfg().table, me);
+            bounded(s.conn.client.batch_execute(&register)).await?;
+            s.registered = Some(Instant::now());
+        }
+        let rows = bounded(s.conn.client.query(&s.gone, &[me])).await?;
+        let gone = rows.iter().filter_map(|r| r.try_get(0).ok()).collect();
+        for node in absences.looked(gone, Instant::now(), after) {
+            self.take_over(s, &node, after).await?;
+        }
+        Ok(())
+    }
+
+    /// A session of its own (`Pg::maintenance`, named as this node's), the
+    /// registry created if missing, the statements prepared.
+    async fn takeover_session(&self) -> Result<Session, String> {
+        let timeout_ms = STATEMENT_TIMEOUT.as_millis() as u64;
+        let conn = self.pg_delete.maintenance(timeout_ms).await?;
+        let t = &self.cfg().table;
+        bounded(conn.client.batch_execute(&registry_schema(t))).await?;
+        let gone = bounded(conn.client.prepare(&gone_sql(t))).await?;
+        let take_over = bounded(conn.client.prepare(&take_over_sql(t))).await?;
+        let forget = bounded(conn.client.prepare(&forget_sql(t))).await?;
+        Ok(Session {
+            conn,
+            gone,
+            take_over,
+            forget,
+            registered: None,
+        })
+    }
+
+    /// Reset every row `node` claimed, then forget it.
+    async fn take_over(&self, s: &Session, node: &String, after: Duration) -> Result<(), String> {
         let mut taken = 0usize;
         loop {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                 [node, &TAKEOVER_BATCH_MAX];
-            let Some(rows) = retry_query(&self.pg_delete, |c| &c.take_over, &params).await else {
-                return false;
-            };
+            let rows = bounded(s.conn.client.query(&s.take_over, &params)).await?;
             assert!(
                 rows.len() as i64 <= TAKEOVER_BATCH_MAX,
                 "the statement has a LIMIT"
@@ -183,16 +265,22 @@ impl QueueShard {
                 break;
             }
         }
-        if retry_query(&self.pg_delete, |c| &c.forget, &[node])
-            .await
-            .is_none()
-        {
-            return false;
-        }
+        bounded(s.conn.client.execute(&s.forget, &[node])).await?;
         self.claim_wake.notify();
         tracing::warn!(target: "chronos::queue", "node {node} had no connection to Postgres for {} ms: {taken} claimed messages taken over", after.as_millis());
-        true
+        Ok(())
     }
+}
+
+/// A statement of the takeover's session, answered within
+/// [`STATEMENT_TIMEOUT`] (plus the grace), its error described.
+async fn bounded<T>(
+    f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, String> {
+    within(STATEMENT_TIMEOUT + TIMEOUT_GRACE, f)
+        .await
+        .ok_or_else(|| "a takeover statement was not answered in time".to_string())?
+        .map_err(|e| describe(&e))
 }
 
 #[cfg(test)]

@@ -446,7 +446,10 @@ impl Drop for Setup {
         // Quietly: this may run while a failed test unwinds.
         let _ = Command::new("psql")
             .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-qc"])
-            .arg(format!("DROP TABLE IF EXISTS {}", self.table))
+            .arg(format!(
+                "DROP TABLE IF EXISTS {0}; DROP TABLE IF EXISTS {0}_nodes",
+                self.table
+            ))
             .output();
     }
 }
