@@ -185,11 +185,10 @@ impl QueueShard {
     ) -> Result<(), QueryError> {
         let rows: Vec<usize> = r.collect();
         let answer = self.insert_rows(s, &rows).await?;
-        let kept_out = answer.iter().filter(|(_, stored)| !stored);
         let mut held = held.borrow_mut();
-        for (id, _) in kept_out {
+        for id in kept_out(&answer) {
             // The first row with the ID: the one the statement tried.
-            if let Some(&row) = rows.iter().find(|&&i| s.ids[i] == *id) {
+            if let Some(&row) = rows.iter().find(|&&i| s.ids[i] == id) {
                 held.push(row);
             }
         }
@@ -210,7 +209,9 @@ impl QueueShard {
         let headers: Vec<&str> = rows.iter().map(|&i| s.header_json[i].as_str()).collect();
         let keys: Vec<Option<&[u8]>> = rows.iter().map(|&i| s.keys[i].as_deref()).collect();
         let values: Vec<Option<&[u8]>> = rows.iter().map(|&i| s.values[i].as_deref()).collect();
-        let params: [&(dyn ToSql + Sync); 5] = [&ids, &deadlines, &headers, &keys, &values];
+        let look_ahead_ms = i64::try_from(self.cfg().look_ahead_ms).unwrap_or(i64::MAX);
+        let params: [&(dyn ToSql + Sync); 6] =
+            [&ids, &deadlines, &headers, &keys, &values, &look_ahead_ms];
         let answer = query_input(&self.pg, |c| &c.insert, &params).await?;
         Ok(answer
             .iter()
@@ -223,34 +224,61 @@ impl QueueShard {
     /// each is stored, that is until the claimed row is gone. Meanwhile the
     /// batch's offsets are not stored and the shard takes no more input,
     /// which lasts about the look-ahead (a claimed row is due within it),
-    /// or a takeover's time if its holder died. `false` only at shutdown.
+    /// or a takeover's time if its holder died. A row whose ID then belongs
+    /// to a row waiting further out (a takeover reset the claimed one, or
+    /// another message with the ID was stored meanwhile) stays held for at
+    /// most `hold-time-ms` more, enough for a reset row to be claimed again
+    /// and published; past that it is a duplicate of a waiting message and
+    /// ignored, as seed 004 says, so that no shard waits out a far
+    /// deadline. `false` only at shutdown.
     async fn hold_back(&self, s: &Sorted, mut rows: Vec<usize>) -> bool {
         rows.sort_unstable();
         rows.dedup();
         let first = &s.ids[rows[0]];
         tracing::info!(target: "chronos::queue", "{} input message(s) (the first {first:?}) wait: a message with the same ID is claimed, ready or published with its delete on the way; each is stored once that row is gone", rows.len());
+        // Per held row: since when its ID is neither stored nor claimed.
+        let mut unclaimed: Vec<Option<Instant>> = vec![None; rows.len()];
+        let grace = Duration::from_millis(self.cfg().hold_time_ms);
         while !rows.is_empty() {
             self.pause(self.cfg().poll_interval_ms).await;
             if self.gate.is_closing() {
                 return false;
             }
-            match self.insert_rows(s, &rows).await {
-                Ok(answer) => {
-                    rows.retain(|&i| !answer.iter().any(|(id, stored)| *stored && *id == s.ids[i]))
-                }
+            let answer = match self.insert_rows(s, &rows).await {
+                Ok(answer) => answer,
                 Err(QueryError::Shutdown) => return false,
                 Err(QueryError::Permanent(e)) => {
-                    // Stored once already in this batch's statement: not
-                    // expected; never spin on it.
-                    for &i in &rows {
-                        ShardStats::add(&self.stats().queue_rejected[REJECT_UNSTORABLE], 1);
-                        tracing::warn!(target: "chronos::queue", id = ?s.ids[i], "input message rejected: Postgres cannot store it ({e}); skipped");
-                    }
+                    self.refuse_held(s, &rows, &e);
                     return true;
                 }
+            };
+            let still = kept_out(&answer);
+            let stored = |id: &str| answer.iter().any(|(i, ok)| *ok && i == id);
+            let now = Instant::now();
+            let mut keep = Vec::with_capacity(rows.len());
+            for (&i, since) in rows.iter().zip(unclaimed.iter_mut()) {
+                let id = s.ids[i].as_str();
+                if still.contains(&id) {
+                    *since = None;
+                } else if !stored(id) && since.get_or_insert(now).elapsed() < grace {
+                    // Waiting further out: kept a while (see above).
+                } else {
+                    continue;
+                }
+                keep.push((i, *since));
             }
+            (rows, unclaimed) = keep.into_iter().unzip();
         }
         true
+    }
+
+    /// Held rows Postgres now refuses (stored once already in this batch's
+    /// statement: not expected): counted and skipped, never spun on.
+    fn refuse_held(&self, s: &Sorted, rows: &[usize], e: &str) {
+        for &i in rows {
+            ShardStats::add(&self.stats().queue_rejected[REJECT_UNSTORABLE], 1);
+            tracing::warn!(target: "chronos::queue", id = ?s.ids[i], "input message rejected: Postgres cannot store it ({e}); skipped");
+        }
     }
 
     /// Which of `ids` already wait in the table; `None` only at shutdown.
@@ -328,6 +356,18 @@ impl QueueShard {
         }
         true
     }
+}
+
+/// The IDs an insert kept out for a claimed row (or one about to be) and
+/// did not store: the same ID may come back as both when the old row's
+/// delete committed while the statement waited for it; stored wins.
+fn kept_out(answer: &[(String, bool)]) -> Vec<&str> {
+    let stored = |id: &str| answer.iter().any(|(i, s)| *s && i == id);
+    answer
+        .iter()
+        .filter(|(id, s)| !s && !stored(id))
+        .map(|(id, _)| id.as_str())
+        .collect()
 }
 
 /// The bytes a message brings: key, value, header names and values.
@@ -456,6 +496,21 @@ mod tests {
         let ranges = vec![2..4, 0..2];
         let got = futures_lite::future::block_on(split_on_refusal(ranges, 4, shutdown, |_, _| {}));
         assert_eq!(got, None);
+    }
+
+    /// Issue 39's second review: an ID reported both stored and kept out
+    /// (the old row's delete committed while the insert waited) is stored;
+    /// one reported neither is no longer held.
+    #[test]
+    fn kept_out_ids_are_the_claimed_ones_not_stored() {
+        let answer = vec![
+            ("a".to_string(), true),
+            ("a".to_string(), false),
+            ("b".to_string(), false),
+            ("c".to_string(), true),
+        ];
+        assert_eq!(kept_out(&answer), ["b"]);
+        assert!(kept_out(&[]).is_empty());
     }
 
     /// Consecutive ranges of at most the bound (a larger row alone), the

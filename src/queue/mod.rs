@@ -24,8 +24,9 @@
 //!   ones) and tasks that hold the
 //!   shard's gate: enqueue (`enqueue.rs`), claim and fire (`fire.rs`),
 //!   delivery and delete (`producer.rs`, `delete.rs`); shard 0 also runs
-//!   failure detection (`failure.rs`) and the node's own vacuum of the
-//!   table, on a fourth connection (`vacuum.rs`). The header codec is `headers.rs`,
+//!   failure detection (`failure.rs`), the node's own vacuum of the
+//!   table, on a fourth connection (`vacuum.rs`), and the takeover of
+//!   dead nodes' rows, on a fifth (`takeover.rs`). The header codec is `headers.rs`,
 //!   ISO 8601 deadlines and time conversions `deadline.rs`.
 //!
 //! At least once: an input offset is stored for commit only after every

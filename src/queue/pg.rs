@@ -1,5 +1,5 @@
 //! Three Postgres connections per shard (and on shard 0 a fourth for the
-//! vacuum, [`Pg::maintenance`]), driven on the shard's own executor:
+//! vacuum and a fifth for the takeover, [`Pg::maintenance`]), driven on the shard's own executor:
 //! `tokio-postgres` over a glommio socket (through the futures→tokio I/O
 //! compat adapter and `connect_raw`; no tokio runtime). [`Role::Input`]
 //! carries the inserts (and the late messages' look-up), each committed
@@ -667,15 +667,18 @@ fn claim_sql(t: &str) -> String {
 /// The insert of a batch (`UNNEST` arrays): each row is stored unless its
 /// ID is in the table already (`DO NOTHING`; an ID twice in one statement
 /// is stored once, as its first message). It returns each ID stored
-/// (`true`) and each ID kept out by a *claimed* row (`false`: the
-/// statement's snapshot, before its own inserts). A message whose ID
-/// belongs to a waiting row is a duplicate, ignored as seed 004 says; one
-/// whose ID belongs to a claimed row (ready, perhaps published with its
-/// delete on the way) is a new message the enqueue holds back until that
-/// row is gone (`enqueue.rs`): it used to be dropped, its offset
-/// committed, and the old row then deleted (issue 39); and a claimed row
-/// is never overwritten, so the older message is not lost either should
-/// its holder die before publishing it.
+/// (`true`) and each ID kept out by a row that is claimed, or due within
+/// the look-ahead (`$6`, ms) and so about to be (`false`: the statement's
+/// snapshot, before its own inserts; an ID may come back as both when the
+/// row's delete committed while the statement waited for it: stored). A
+/// message whose ID belongs to a row waiting further out is a duplicate,
+/// ignored as seed 004 says; one whose ID belongs to a claimed row
+/// (ready, perhaps published with its delete on the way, or reset by a
+/// takeover and claimed again at once) is a new message the enqueue holds
+/// back until that row is gone (`enqueue.rs`): it used to be dropped, its
+/// offset committed, and the old row then deleted (issue 39); and a
+/// claimed row is never overwritten, so the older message is not lost
+/// either should its holder die before publishing it.
 fn insert_sql(t: &str) -> String {
     format!(
         "WITH stored AS (
@@ -688,7 +691,9 @@ fn insert_sql(t: &str) -> String {
              RETURNING id)
          SELECT id::text, true FROM stored
          UNION ALL
-         SELECT id::text, false FROM {t} WHERE id = ANY($1::text[]) AND readied_at IS NOT NULL"
+         SELECT id::text, false FROM {t} WHERE id = ANY($1::text[])
+             AND (readied_at IS NOT NULL
+                  OR deadline <= {SERVER_NOW} + $6::bigint * interval '1 millisecond')"
     )
 }
 

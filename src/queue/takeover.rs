@@ -57,16 +57,20 @@ pub fn session_name(node_id: &str) -> String {
     format!("chronos-{node_id}")
 }
 
-/// Created by the first node that looks (`IF NOT EXISTS` after a look in
-/// the catalog, so that a registry in place takes no lock).
+/// Created by the first node that looks, under the advisory lock the
+/// table's own creation takes (`pg.rs`, `schema`: nodes starting together
+/// do not race on the catalog), once the catalog says it is missing.
 pub fn registry_schema(table: &str) -> String {
     let r = registry(table);
     format!(
-        "DO $chronos$ BEGIN
+        "BEGIN;
+         SELECT pg_advisory_xact_lock(7253004);
+         DO $chronos$ BEGIN
          IF to_regclass('{r}') IS NULL THEN
-             CREATE TABLE IF NOT EXISTS {r} (node uuid PRIMARY KEY, role name NOT NULL, since timestamp NOT NULL);
+             CREATE TABLE {r} (node uuid PRIMARY KEY, role name NOT NULL, since timestamp NOT NULL);
          END IF;
-         END $chronos$;"
+         END $chronos$;
+         COMMIT;"
     )
 }
 
@@ -91,21 +95,31 @@ pub fn gone_sql(table: &str) -> String {
     )
 }
 
-/// Reset up to `$2` rows claimed by node `$1`.
+/// No session of node `$1` (checked again in each statement that acts).
+const NO_SESSION: &str = "NOT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE application_name = 'chronos-' || $1::text)";
+
+/// Reset up to `$2` rows claimed by node `$1`, if it still has no session.
+/// The outer condition repeats the claim: Postgres re-checks a row another
+/// statement changed meanwhile against the outer condition only, so
+/// without it a live node's fresh claim of the row (after a peer's
+/// takeover reset it) was reset too.
 pub fn take_over_sql(table: &str) -> String {
     format!(
         "UPDATE {table} SET readied_at = NULL, readied_by = NULL
          WHERE id = ANY(ARRAY(SELECT id FROM {table}
                               WHERE readied_at IS NOT NULL AND readied_by = $1::text::uuid
                               LIMIT $2))
+           AND readied_at IS NOT NULL AND readied_by = $1::text::uuid AND {NO_SESSION}
          RETURNING id"
     )
 }
 
-/// Forget node `$1` (its rows were all reset).
+/// Forget node `$1` (its rows were all reset), if it still has no session:
+/// a node that came back keeps its registration.
 pub fn forget_sql(table: &str) -> String {
     format!(
-        "DELETE FROM {} WHERE node = $1::text::uuid",
+        "DELETE FROM {} WHERE node = $1::text::uuid AND {NO_SESSION}",
         registry(table)
     )
 }
