@@ -135,10 +135,10 @@ impl QueueShard {
         let hold_ms = i64::try_from(hold_time_ms).unwrap_or(i64::MAX);
         let rows =
             retry_query(&self.pg_delete, |c| &c.stuck, &[&hold_ms, &STUCK_BATCH_MAX]).await?;
-        assert!(
-            rows.len() as i64 <= STUCK_BATCH_MAX,
-            "the stuck statement has a LIMIT"
-        );
+        if rows.len() as i64 > STUCK_BATCH_MAX {
+            // Postgres's answer: logged, never a crash; all are reset.
+            tracing::error!(target: "chronos::queue", "failure detection's look-up returned {} rows past its LIMIT", rows.len());
+        }
         if rows.is_empty() {
             return Some(false);
         }

@@ -265,10 +265,10 @@ impl QueueShard {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                 [node, &TAKEOVER_BATCH_MAX];
             let rows = bounded(s.conn.client.query(&s.take_over, &params)).await?;
-            assert!(
-                rows.len() as i64 <= TAKEOVER_BATCH_MAX,
-                "the statement has a LIMIT"
-            );
+            if rows.len() as i64 > TAKEOVER_BATCH_MAX {
+                // Postgres's answer: logged, never a crash.
+                tracing::error!(target: "chronos::queue", "the takeover returned {} rows past its LIMIT", rows.len());
+            }
             taken += rows.len();
             for r in &rows {
                 let id: String = r.try_get(0).unwrap_or_default();
