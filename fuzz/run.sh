@@ -16,7 +16,7 @@ SECS="${1:-20}"
 shift || true
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(http_request http_response timer_json timer_json_fast replication_body resync queue_input log_file)
+  TARGETS=(http_request http_response timer_json timer_json_fast replication_body resync resync_page queue_input log_file)
 fi
 CORPUS="${FUZZ_CORPUS:-$HOME/.cache/chronos-fuzz/corpus}"
 export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$HOME/.cache/chronos-fuzz/target}"

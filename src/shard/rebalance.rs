@@ -303,6 +303,21 @@ async fn parse_page<'a>(
     Ok((entries, rest.cursor))
 }
 
+/// For the fuzz target `resync_page` (issue 40: the hand-written reader
+/// had none): a page read as a resync reads it (the one-pass entry reader
+/// first, serde behind it) and by serde alone, each as its entry count or
+/// its error. Whatever serde refuses the resync must refuse too, and where
+/// both read the page they find the same entries.
+pub fn parse_page_both(body: &[u8]) -> (Result<usize, String>, Result<usize, String>) {
+    let mut pacer = Pacer::unpaced();
+    let fast = futures_lite::future::block_on(parse_page(body, &mut pacer)).map(|(e, _)| e.len());
+    let serde_only = futures_lite::future::block_on(async {
+        let (entries, _rest) = bulk::parse_array::<Entry>(body, "timers", &mut pacer).await?;
+        Ok(entries.len())
+    });
+    (fast, serde_only)
+}
+
 /// What one run works with.
 struct Run<'a> {
     shard: &'a Rc<Shard>,
@@ -684,6 +699,26 @@ mod tests {
         let timer = String::from_utf8(timer).unwrap();
         let id = "0123456789abcdef0000000000000003";
         format!(r#"{{"TimerID":"{id}","OldReplicas":[{old}],"Timer":{timer}}}"#)
+    }
+
+    /// What the fuzz target `resync_page` holds the page reader to: both
+    /// readings find the same entries; what serde refuses, both refuse.
+    #[test]
+    fn a_page_reads_alike_fast_and_by_serde_alone() {
+        let entry = written(r#""127.0.0.1:7253""#, &[("CALL", 2)], "o");
+        let page = format!(r#"{{"timers":[{entry},{entry}],"cursor":"c"}}"#);
+        let (fast, serde_only) = parse_page_both(page.as_bytes());
+        assert_eq!(fast, Ok(2));
+        assert_eq!(serde_only, Ok(2));
+        for bad in [
+            &b"{\"timers\":[{\"TimerID\":"[..],
+            b"",
+            b"[]",
+            b"{\"timers\":[1,]}",
+        ] {
+            let (fast, serde_only) = parse_page_both(bad);
+            assert!(fast.is_err() && serde_only.is_err(), "{bad:?}");
+        }
     }
 
     /// What an entry reads as: ID, old replicas, the timer's verdict.
