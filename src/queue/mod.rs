@@ -58,6 +58,7 @@ pub mod headers;
 mod output;
 pub mod pg;
 mod producer;
+mod sql;
 mod takeover;
 mod vacuum;
 

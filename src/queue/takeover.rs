@@ -194,12 +194,7 @@ impl QueueShard {
                 return;
             }
             let look = self.look(&mut session, &mut absences, after);
-            let Some(result) = futures_lite::future::or(async { Some(look.await) }, async {
-                self.gate.closing().await;
-                None
-            })
-            .await
-            else {
+            let Some(result) = self.gate.unless_closing(look).await else {
                 return;
             };
             if let Err(e) = result {

@@ -47,27 +47,7 @@ impl Broker {
 
     /// Start on a given port (a restart after `kill`).
     pub fn start_on(port: u16) -> Broker {
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(tansu_path())
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tansu");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Broker { child, port }
+        Self::start_advertising(port, port)
     }
 
     pub fn brokers(&self) -> String {
