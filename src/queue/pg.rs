@@ -31,8 +31,8 @@
 //! postgres-stall-leave-ms` the consumer thread leaves the group
 //! ([`Health`]).
 
-use super::sql::{delete_sql, insert_sql};
-use super::{takeover, QueueShared};
+use super::sql::{delete_sql, insert_sql, SERVER_NOW};
+use super::QueueShared;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::stats::PG_CONNECTIONS;
@@ -283,7 +283,7 @@ impl Pg {
         let mut config: tokio_postgres::Config =
             cfg.postgres_url.parse().expect("validated at config load");
         // Takeover tells a live node's sessions by this name.
-        config.application_name(takeover::session_name(&q.node_id));
+        config.application_name(session_name(&q.node_id));
         Pg {
             stats,
             shard,
@@ -543,6 +543,13 @@ pub(super) async fn within<T>(limit: Duration, f: impl Future<Output = T>) -> Op
     futures_lite::future::or(work, timer).await
 }
 
+/// The session name (`application_name`) of a node's connections: the
+/// takeover (`takeover.rs`) finds a node's sessions in `pg_stat_activity`
+/// by it, as `'chronos-' || node`.
+pub fn session_name(node_id: &str) -> String {
+    format!("chronos-{node_id}")
+}
+
 /// An error with the server's message when there is one.
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
@@ -664,10 +671,6 @@ fn claim_sql(t: &str) -> String {
          RETURNING id, deadline, message_key, message_value, message_headers::text, {ROW_SIZE}"
     )
 }
-
-/// The server's clock at the statement's start, as a `timestamp` in UTC
-/// (the table's times are UTC, as the nodes write deadlines).
-pub(super) const SERVER_NOW: &str = "(now() AT TIME ZONE 'UTC')";
 
 /// A row's bytes in the claim's byte bound (as `bigint`: two large columns
 /// may pass 2 GB).

@@ -2,7 +2,9 @@
 //! the insert (what a reused ID does) and the delete (by the incarnation
 //! published). Prepared on each connection by `pg.rs`.
 
-use super::pg::SERVER_NOW;
+/// The server's clock at the statement's start, as a `timestamp` in UTC
+/// (the table's times are UTC, as the nodes write deadlines).
+pub(super) const SERVER_NOW: &str = "(now() AT TIME ZONE 'UTC')";
 
 /// The insert of a batch (`UNNEST` arrays): each row is stored unless its
 /// ID is in the table already (`DO NOTHING`; an ID twice in one statement

@@ -52,11 +52,6 @@ pub fn registry(table: &str) -> String {
     format!("{table}_nodes")
 }
 
-/// The session name of a node's connections.
-pub fn session_name(node_id: &str) -> String {
-    format!("chronos-{node_id}")
-}
-
 /// Created by the first node that looks, under the advisory lock the
 /// table's own creation takes (`pg.rs`, `schema`: nodes starting together
 /// do not race on the catalog), once the catalog says it is missing.
