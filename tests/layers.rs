@@ -1,6 +1,7 @@
 //! The architecture rule, checked on the source: every module of `src/`
-//! names only the modules the architecture's layer table lets it name, and
-//! no function in `src/` runs past 70 lines.
+//! names only the modules the architecture's layer table lets it name; no
+//! two files inside a module name each other, directly or round a longer
+//! circle; no function in `src/` runs past 70 lines and no file past 800.
 //!
 //! The table is read from src/README.md (section "Layers", the crate's
 //! rustdoc front page), so the rule a reader reads is the rule the build
@@ -14,6 +15,8 @@ use std::path::{Path, PathBuf};
 /// Longest function allowed, in lines from its `fn` line to its closing
 /// brace, both included.
 const FUNCTION_LINES_MAX: usize = 70;
+/// Longest file allowed in `src/`, in lines: one concern per file.
+const FILE_LINES_MAX: usize = 800;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -341,4 +344,249 @@ fn the_checker_sees_what_it_must() {
             "{signature}"
         );
     }
+}
+
+#[test]
+fn files_are_at_most_800_lines() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    files.sort();
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|file| {
+            let lines = std::fs::read_to_string(file)
+                .expect("source file")
+                .lines()
+                .count();
+            let rel = file.strip_prefix(root().join("src")).expect("under src");
+            (lines > FILE_LINES_MAX).then(|| format!("{}: {lines} lines", rel.display()))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "{} files over {FILE_LINES_MAX} lines:\n{}",
+        long.len(),
+        long.join("\n")
+    );
+}
+
+/// A file's module path: `src/shard/mesh.rs` is `["shard", "mesh"]`,
+/// `src/shard/mod.rs` is `["shard"]` (`None`: the crate root or binary).
+fn module_path(path: &Path) -> Option<Vec<String>> {
+    let rel = path.strip_prefix(root().join("src")).expect("under src");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_str().expect("UTF-8 path").to_string())
+        .collect();
+    let last = parts.pop()?;
+    match last.strip_suffix(".rs")? {
+        "mod" => {}
+        "lib" | "main" if parts.is_empty() => return None,
+        stem => parts.push(stem.to_string()),
+    }
+    Some(parts)
+}
+
+/// Every module path a file's code names through `crate::`, `super::` or
+/// `self::` (groups `a::{b, c::d}` expanded), resolved against the file's
+/// own module path `at` (`self` is `at`, `super` its parent: a `mod.rs`
+/// has its folder's path). A file's inline test module (from its
+/// `#[cfg(test)] mod`, to the end of the file) is left out: its `super` is
+/// the file itself.
+fn paths_named(code: &str, at: &[String]) -> Vec<Vec<String>> {
+    let tests = code
+        .match_indices("#[cfg(test)]")
+        .map(|(p, _)| p)
+        .find(|&p| code[p + 12..].trim_start().starts_with("mod "));
+    let code = &code[..tests.unwrap_or(code.len())];
+    let mut found = Vec::new();
+    for (start, _) in code.match_indices("::") {
+        let before = &code[..start];
+        let head = before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(before, |p| &before[p + 1..]);
+        let prefix_start = start - head.len();
+        if code[..prefix_start].ends_with("::") {
+            continue;
+        }
+        let base = match head {
+            "crate" => Vec::new(),
+            "self" => at.to_vec(),
+            "super" => at[..at.len().saturating_sub(1)].to_vec(),
+            _ => continue,
+        };
+        expand(&code[start + 2..], base, &mut found);
+    }
+    found
+}
+
+/// The paths of `rest` (what follows `prefix::`) appended to `base`.
+fn expand(rest: &str, mut base: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let mut rest = rest.trim_start();
+    loop {
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut item_start = 0;
+            for (j, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        expand(&group[item_start..j], base.clone(), out);
+                        return;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        expand(&group[item_start..j], base.clone(), out);
+                        item_start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+        let ident = ident_at(rest);
+        if ident.is_empty() {
+            break;
+        }
+        match ident {
+            "super" => {
+                base.pop();
+            }
+            "self" => {}
+            _ => base.push(ident.to_string()),
+        }
+        match rest[ident.len()..].trim_start().strip_prefix("::") {
+            Some(more) => rest = more.trim_start(),
+            None => break,
+        }
+    }
+    out.push(base);
+}
+
+/// The file (index into `modules`) a named path resolves to: the longest
+/// module path that begins it.
+fn resolve(path: &[String], modules: &[Vec<String>]) -> Option<usize> {
+    (1..=path.len())
+        .rev()
+        .find_map(|n| modules.iter().position(|m| m[..] == path[..n]))
+}
+
+/// The circles (each a list of files) in a graph given as edges per node.
+fn circles(edges: &[BTreeSet<usize>]) -> Vec<Vec<usize>> {
+    // Two nodes are on one circle when each reaches the other.
+    let reach: Vec<BTreeSet<usize>> = (0..edges.len())
+        .map(|from| {
+            let mut seen = BTreeSet::new();
+            let mut stack: Vec<usize> = edges[from].iter().copied().collect();
+            while let Some(n) = stack.pop() {
+                if seen.insert(n) {
+                    stack.extend(edges[n].iter().copied());
+                }
+            }
+            seen
+        })
+        .collect();
+    let mut found: Vec<Vec<usize>> = Vec::new();
+    for a in 0..edges.len() {
+        if found.iter().any(|c| c.contains(&a)) {
+            continue;
+        }
+        let circle: Vec<usize> = (0..edges.len())
+            .filter(|&b| {
+                b == a && reach[a].contains(&a) || reach[a].contains(&b) && reach[b].contains(&a)
+            })
+            .collect();
+        if circle.len() > 1 {
+            found.push(circle);
+        }
+    }
+    found
+}
+
+/// Inside one top-level module, the files name each other one way only. A
+/// module's front (its `mod.rs`, or the `x.rs` beside an `x/` folder) and
+/// the files beneath it may name each other: the front declares its
+/// children and re-exports, the children take its shared types. Between
+/// any other two files a circle is refused.
+#[test]
+fn no_import_circle_inside_a_module() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    files.sort();
+    let files: Vec<PathBuf> = files
+        .into_iter()
+        .filter(|f| module_path(f).is_some())
+        .collect();
+    let modules: Vec<Vec<String>> = files
+        .iter()
+        .map(|f| module_path(f).expect("kept"))
+        .collect();
+    let fronts: Vec<bool> = modules
+        .iter()
+        .map(|m| {
+            modules
+                .iter()
+                .any(|o| o.len() > m.len() && o.starts_with(m))
+        })
+        .collect();
+    let mut edges = vec![BTreeSet::new(); files.len()];
+    for (i, file) in files.iter().enumerate() {
+        let code = strip(&std::fs::read_to_string(file).expect("source file"));
+        for path in paths_named(&code, &modules[i]) {
+            let Some(j) = resolve(&path, &modules) else {
+                continue;
+            };
+            let (a, b) = (&modules[i], &modules[j]);
+            let related = (fronts[j] && a.starts_with(b)) || (fronts[i] && b.starts_with(a));
+            if i != j && a[0] == b[0] && !related {
+                edges[i].insert(j);
+            }
+        }
+    }
+    let found: Vec<String> = circles(&edges)
+        .iter()
+        .map(|c| {
+            let names: Vec<String> = c.iter().map(|&n| modules[n].join("::")).collect();
+            names.join(" <-> ")
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "{} import circles inside a module:\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_circle_checker_sees_what_it_must() {
+    let at: Vec<String> = ["shard", "mesh"].map(String::from).to_vec();
+    let got = paths_named(
+        &strip("use super::{resync::{Page, serve}, Shard};\nlet x = crate::http::client::Client::new();\n#[cfg(test)]\nmod tests { use super::*; }\n"),
+        &at,
+    );
+    let want: Vec<Vec<String>> = [
+        vec!["shard", "resync", "Page"],
+        vec!["shard", "resync", "serve"],
+        vec!["shard", "Shard"],
+        vec!["http", "client", "Client", "new"],
+    ]
+    .iter()
+    .map(|p| p.iter().map(|s| s.to_string()).collect())
+    .collect();
+    assert_eq!(got, want);
+    let modules: Vec<Vec<String>> = [vec!["shard"], vec!["shard", "resync"]]
+        .iter()
+        .map(|p| p.iter().map(|s| s.to_string()).collect())
+        .collect();
+    assert_eq!(resolve(&want[0], &modules), Some(1));
+    assert_eq!(resolve(&want[2], &modules), Some(0));
+    let edges = vec![
+        BTreeSet::from([1]),
+        BTreeSet::from([2]),
+        BTreeSet::from([0]),
+        BTreeSet::from([0]),
+    ];
+    assert_eq!(circles(&edges), [vec![0, 1, 2]]);
+    assert!(circles(&[BTreeSet::from([1]), BTreeSet::new()]).is_empty());
 }
