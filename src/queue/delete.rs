@@ -7,7 +7,7 @@
 use super::deadline::system_time_of;
 use super::pg::retry_query;
 use super::{id_bytes, QueueShard};
-use crate::stats::STAGE_DELETE;
+use crate::stats::Stage;
 use std::rc::Rc;
 use std::time::{Instant, SystemTime};
 
@@ -49,7 +49,7 @@ impl QueueShard {
             }
             self.stats().record_pg_batch(started.elapsed());
             self.stats()
-                .record_queue_stage(STAGE_DELETE, started.elapsed());
+                .record_queue_stage(Stage::Delete, started.elapsed());
             let bytes: usize = ids.iter().map(|id| id_bytes(id)).sum();
             self.in_hand.sub(ids.len(), bytes);
             if rows.len() < ids.len() {

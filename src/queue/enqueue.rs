@@ -14,10 +14,7 @@ use super::pg::{query_input, QueryError};
 use super::{Batch, Inbound, Kind, Pending, QueueShard};
 use crate::runtime::clock;
 use crate::runtime::notify::Notify;
-use crate::stats::{
-    ShardStats, REJECT_INVALID_HEADER, REJECT_UNSTORABLE, STAGE_BROKER, STAGE_INBOX, STAGE_INSERT,
-    STAGE_STORED,
-};
+use crate::stats::{Reject, ShardStats, Stage};
 use rdkafka::consumer::Consumer;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -92,7 +89,7 @@ impl QueueShard {
         }
         if let Some(polled) = sorted.polled {
             self.stats()
-                .record_queue_stage(STAGE_STORED, polled.elapsed());
+                .record_queue_stage(Stage::Stored, polled.elapsed());
         }
         let topic = &self.cfg().input_topic;
         for (partition, offset) in sorted.last {
@@ -112,8 +109,8 @@ impl QueueShard {
         let advance_us = self.cfg().timing_advance_ms as i64 * 1000;
         let taken = Instant::now();
         for mut m in batch.drain(..) {
-            stats.record_queue_stage(STAGE_INBOX, taken.saturating_duration_since(m.polled));
-            stats.record_queue_stage(STAGE_BROKER, Duration::from_millis(m.broker_ms));
+            stats.record_queue_stage(Stage::Inbox, taken.saturating_duration_since(m.polled));
+            stats.record_queue_stage(Stage::Broker, Duration::from_millis(m.broker_ms));
             s.polled = Some(s.polled.map_or(m.polled, |p| p.min(m.polled)));
             s.charges.push(std::mem::take(&mut m.charge));
             match s.last.iter_mut().find(|(p, _)| *p == m.partition) {
@@ -124,7 +121,7 @@ impl QueueShard {
                 Ok(v) => v,
                 Err(reason) => {
                     ShardStats::add(&stats.queue_skipped_invalid, 1);
-                    ShardStats::add(&stats.queue_rejected[REJECT_INVALID_HEADER], 1);
+                    stats.queue_reject(Reject::InvalidHeader);
                     tracing::warn!(target: "chronos::queue", partition = m.partition, offset = m.offset, "skipping input message: {reason}");
                     continue;
                 }
@@ -156,7 +153,7 @@ impl QueueShard {
         let started = Instant::now();
         let ranges = byte_ranges(s, self.cfg().insert_batch_bytes_max);
         let refused = |row: usize, e: &str| {
-            ShardStats::add(&self.stats().queue_rejected[REJECT_UNSTORABLE], 1);
+            self.stats().queue_reject(Reject::Unstorable);
             tracing::warn!(target: "chronos::queue", id = ?s.ids[row], "input message rejected: Postgres cannot store it ({e}); skipped");
         };
         let held: RefCell<Vec<usize>> = RefCell::new(Vec::new());
@@ -170,7 +167,7 @@ impl QueueShard {
         }
         let stats = self.stats();
         stats.record_pg_batch(started.elapsed());
-        stats.record_queue_stage(STAGE_INSERT, started.elapsed());
+        stats.record_queue_stage(Stage::Insert, started.elapsed());
         ShardStats::add(&stats.queue_enqueued, stored as u64);
         true
     }
@@ -276,7 +273,7 @@ impl QueueShard {
     /// statement: not expected): counted and skipped, never spun on.
     fn refuse_held(&self, s: &Sorted, rows: &[usize], e: &str) {
         for &i in rows {
-            ShardStats::add(&self.stats().queue_rejected[REJECT_UNSTORABLE], 1);
+            self.stats().queue_reject(Reject::Unstorable);
             tracing::warn!(target: "chronos::queue", id = ?s.ids[i], "input message rejected: Postgres cannot store it ({e}); skipped");
         }
     }

@@ -8,7 +8,7 @@ use super::headers::parse_headers_json;
 use super::pg::retry_query;
 use super::{Held, Kind, Pending, QueueShard, CLAIMED_IN_HAND_BATCHES};
 use crate::runtime::clock;
-use crate::stats::{STAGE_CLAIM, STAGE_CLAIMED_LATE, STAGE_FIRE_LATE};
+use crate::stats::Stage;
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -52,7 +52,7 @@ impl QueueShard {
             };
             self.stats().record_pg_batch(started.elapsed());
             self.stats()
-                .record_queue_stage(STAGE_CLAIM, started.elapsed());
+                .record_queue_stage(Stage::Claim, started.elapsed());
             let claimed = rows.len();
             if claimed as i64 > limit {
                 // Postgres's answer, not this code's invariant: never a
@@ -105,7 +105,7 @@ impl QueueShard {
             self.in_hand.add(1, h.bytes());
             let ahead_us = deadline_us - advance_us - now_unix_us;
             let late_us = ahead_us.min(0).unsigned_abs();
-            stats.record_queue_stage(STAGE_CLAIMED_LATE, Duration::from_micros(late_us));
+            stats.record_queue_stage(Stage::ClaimedLate, Duration::from_micros(late_us));
             let wait_us = ahead_us.max(0) as u64;
             held.insert(now_ms + wait_us.div_ceil(1000), h);
         }
@@ -125,7 +125,7 @@ impl QueueShard {
             let stats = self.stats();
             for (at_ms, h) in due.drain(..) {
                 let late_ms = clock::now_ms().saturating_sub(at_ms);
-                stats.record_queue_stage(STAGE_FIRE_LATE, Duration::from_millis(late_ms));
+                stats.record_queue_stage(Stage::FireLate, Duration::from_millis(late_ms));
                 self.publish(Pending {
                     kind: Kind::Held {
                         id: h.id,

@@ -20,7 +20,7 @@
 
 use super::{id_bytes, Kind, Pending, QueueConfig, QueueShard, CLAIMED_IN_HAND_BATCHES};
 use crate::runtime::clock;
-use crate::stats::{ShardStats, REJECT_UNPUBLISHABLE, STAGE_PUBLISH_ACK};
+use crate::stats::{Reject, ShardStats, Stage};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext};
@@ -268,7 +268,7 @@ impl QueueShard {
         let Some(p) = self.pending.borrow_mut().remove(&token) else {
             return;
         };
-        ShardStats::add(&self.stats().queue_rejected[REJECT_UNPUBLISHABLE], 1);
+        self.stats().queue_reject(Reject::Unpublishable);
         let id = p.id();
         tracing::warn!(target: "chronos::queue", "message {id} cannot be published, skipped (counted as unpublishable): {why}");
         self.complete(p, false);
@@ -344,7 +344,7 @@ impl QueueShard {
                 continue;
             };
             self.stats()
-                .record_queue_stage(STAGE_PUBLISH_ACK, p.sent.elapsed());
+                .record_queue_stage(Stage::PublishAck, p.sent.elapsed());
             self.complete(p, true);
         }
     }

@@ -2,6 +2,9 @@
 //! relaxed atomics; `/metrics` sums the blocks at scrape time. No lock is
 //! taken on the hot path.
 
+mod queue;
+
+pub use queue::{Reject, Stage};
 use std::fmt::Write;
 use std::sync::atomic::{
     AtomicI64, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
@@ -27,60 +30,10 @@ pub const RESYNC_RUNNING: i64 = 1;
 pub const RESYNC_COMPLETE: i64 = 2;
 pub const RESYNC_FAILED: i64 = 3;
 
-/// Why a queue input message was rejected: `invalid_header` (a missing or
-/// invalid chronos header), `unstorable` (Postgres refused its data),
-/// `unpublishable` (the producer, or the broker in a batch of it alone,
-/// refused it for good: too large, an invalid record, no right to write
-/// the output topic).
-pub const REJECT_REASONS: [&str; 3] = ["invalid_header", "unstorable", "unpublishable"];
-pub const REJECT_INVALID_HEADER: usize = 0;
-pub const REJECT_UNSTORABLE: usize = 1;
-pub const REJECT_UNPUBLISHABLE: usize = 2;
-
 /// Postgres connections per shard of the delay queue: the input's
 /// (inserts, durable commits), the claims' and the deletes' (asynchronous
 /// commits).
 pub const PG_CONNECTIONS: usize = 3;
-
-/// The delay queue's stages, timed per message or per statement
-/// (`chronos_queue_stage_seconds{stage}`), so that a run's breakdown can be
-/// read from `/metrics`:
-/// - `broker`: a message's producer timestamp until the consumer thread
-///   polled it (the input's broker and fetch path; 0 without a timestamp,
-///   or one from a clock ahead of this node's);
-/// - `inbox`: a message polled by the consumer thread until its shard
-///   takes it into an enqueue batch;
-/// - `insert`: one insert statement (per batch);
-/// - `stored`: a batch's first message polled until its offsets are stored
-///   for commit (inserted, or its late messages acknowledged);
-/// - `claim`: one claim statement (per batch);
-/// - `claimed_late`: per claimed row, how far past its publish time
-///   (deadline - timing advance) it was claimed (0 when ahead of it);
-/// - `fire_late`: per message, its wheel slot's time until the fire task
-///   handed it to the producer;
-/// - `publish_ack`: per publish, handed to the producer until the broker's
-///   acknowledgement was reported to the shard;
-/// - `delete`: one delete statement (per batch).
-pub const QUEUE_STAGES: [&str; 9] = [
-    "inbox",
-    "insert",
-    "stored",
-    "claim",
-    "claimed_late",
-    "fire_late",
-    "publish_ack",
-    "delete",
-    "broker",
-];
-pub const STAGE_INBOX: usize = 0;
-pub const STAGE_INSERT: usize = 1;
-pub const STAGE_STORED: usize = 2;
-pub const STAGE_CLAIM: usize = 3;
-pub const STAGE_CLAIMED_LATE: usize = 4;
-pub const STAGE_FIRE_LATE: usize = 5;
-pub const STAGE_PUBLISH_ACK: usize = 6;
-pub const STAGE_DELETE: usize = 7;
-pub const STAGE_BROKER: usize = 8;
 
 /// Bucket bounds a [`Histogram`] may have; one bucket more counts what is
 /// above the last bound.
@@ -200,8 +153,8 @@ macro_rules! counters {
             /// and messages enqueued, sent, failed, dropped, retried.
             pub site_queued: [AtomicI64; SITE_SLOTS],
             pub site_counts: [[AtomicU64; SITE_SLOTS]; SITE_COUNTS.len()],
-            /// Queue input messages rejected (skipped), by [`REJECT_REASONS`].
-            pub queue_rejected: [AtomicU64; REJECT_REASONS.len()],
+            /// Queue input messages rejected (skipped), by [`Reject`].
+            pub queue_rejected: [AtomicU64; Reject::ALL.len()],
             /// Shard 0's: the queue's output is blocked by the
             /// configuration or the cluster (a missing output topic, no
             /// right to write it): publishes are retried meanwhile.
@@ -210,8 +163,8 @@ macro_rules! counters {
             pub callback_latency: Histogram,
             /// Queue lateness (publish acknowledged minus deadline) histogram.
             pub queue_lateness: Histogram,
-            /// Queue stage histograms, by [`QUEUE_STAGES`].
-            pub queue_stage: [Histogram; QUEUE_STAGES.len()],
+            /// Queue stage histograms, by [`Stage`].
+            pub queue_stage: [Histogram; Stage::ALL.len()],
             /// Postgres statement latency histogram (per batch).
             pub pg_batch: Histogram,
             /// `[storage]`: `fdatasync` latency histogram.
@@ -376,10 +329,14 @@ impl ShardStats {
             .record_duration(&LATENCY_BOUNDS_US, took);
     }
 
-    /// One observation of queue stage `stage` ([`QUEUE_STAGES`]).
-    pub fn record_queue_stage(&self, stage: usize, took: std::time::Duration) {
-        assert!(stage < QUEUE_STAGES.len(), "queue stage {stage}");
-        self.queue_stage[stage].record_duration(&LATENCY_BOUNDS_US, took);
+    /// One observation of queue stage `stage`.
+    pub fn record_queue_stage(&self, stage: Stage, took: std::time::Duration) {
+        self.queue_stage[stage as usize].record_duration(&LATENCY_BOUNDS_US, took);
+    }
+
+    /// One queue input message rejected (logged and skipped) for `why`.
+    pub fn queue_reject(&self, why: Reject) {
+        Self::add(&self.queue_rejected[why as usize], 1);
     }
 
     pub fn record_pg_batch(&self, took: std::time::Duration) {
@@ -405,12 +362,12 @@ fn per_shard_gauge(
 fn rejected(out: &mut String, shards: &[ShardStats]) {
     let name = "chronos_queue_rejected_total";
     let _ = writeln!(out, "# HELP {name} Queue input messages logged and skipped (their offsets committed), by reason.\n# TYPE {name} counter");
-    for (i, reason) in REJECT_REASONS.iter().enumerate() {
+    for reason in Reject::ALL {
         let n: u64 = shards
             .iter()
-            .map(|s| s.queue_rejected[i].load(Relaxed))
+            .map(|s| s.queue_rejected[reason as usize].load(Relaxed))
             .sum();
-        let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
+        let _ = writeln!(out, "{name}{{reason=\"{}\"}} {n}", reason.label());
     }
 }
 
@@ -680,9 +637,9 @@ fn queue_stages(out: &mut String, shards: &[ShardStats]) {
     let _ = writeln!(out, "# HELP chronos_queue_output_blocked 1 while the delay queue cannot publish for a reason of the configuration or the cluster (the output topic missing, no right to write it, failed authentication): messages are retried, never skipped; /ready says why.\n# TYPE chronos_queue_output_blocked gauge\nchronos_queue_output_blocked {}", u8::from(blocked));
     let name = "chronos_queue_stage_seconds";
     let _ = writeln!(out, "# HELP {name} Queue: time per stage (see tuning.md, the delay queue).\n# TYPE {name} histogram");
-    for (k, stage) in QUEUE_STAGES.iter().enumerate() {
-        let label = format!("stage=\"{stage}\"");
-        let each = shards.iter().map(|s| &s.queue_stage[k]);
+    for stage in Stage::ALL {
+        let label = format!("stage=\"{}\"", stage.label());
+        let each = shards.iter().map(|s| &s.queue_stage[stage as usize]);
         series(out, name, &label, &LATENCY_BOUNDS_US, each);
     }
 }
