@@ -417,8 +417,12 @@ impl<'a> Handoff<'a> {
         inboxes: Vec<async_channel::Sender<Inbound>>,
         stats: Arc<[ShardStats]>,
     ) -> Self {
-        assert_eq!(inboxes.len(), shared.inbox_bytes.len());
-        assert_eq!(inboxes.len(), stats.len());
+        assert_eq!(
+            inboxes.len(),
+            shared.inbox_bytes.len(),
+            "an inbox byte count per shard"
+        );
+        assert_eq!(inboxes.len(), stats.len(), "a stats block per shard");
         Handoff {
             shared,
             waiting: inboxes.iter().map(|_| Waiting::default()).collect(),

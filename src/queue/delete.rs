@@ -34,7 +34,10 @@ impl QueueShard {
                     .map(|(id, deadline_us)| (id.clone(), system_time_of(*deadline_us)))
                     .unzip()
             };
-            assert!(!ids.is_empty() && ids.len() <= DELETE_BATCH_MAX);
+            assert!(
+                !ids.is_empty() && ids.len() <= DELETE_BATCH_MAX,
+                "a delete batch is taken only when non-empty, within its bound"
+            );
             assert_eq!(ids.len(), deadlines.len(), "an incarnation per ID");
             let started = Instant::now();
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =

@@ -64,7 +64,7 @@ impl QueueShard {
                     Err(_) => break,
                 }
             }
-            assert!(batch.len() <= max);
+            assert!(batch.len() <= max, "a batch keeps to its bound");
             if !self.enqueue_batch(&mut batch).await {
                 return;
             }
@@ -419,7 +419,10 @@ where
 {
     let mut stored = 0usize;
     while let Some(r) = ranges.pop() {
-        assert!(!r.is_empty() && r.end <= rows);
+        assert!(
+            !r.is_empty() && r.end <= rows,
+            "a split keeps non-empty ranges within the batch"
+        );
         match attempt(r.clone()).await {
             Ok(()) => stored += r.len(),
             Err(QueryError::Shutdown) => return None,

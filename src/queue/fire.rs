@@ -40,7 +40,7 @@ impl QueueShard {
             let now = SystemTime::now();
             let horizon = now + Duration::from_millis(cfg.look_ahead_ms);
             let limit = cfg.claim_batch_max.min(in_hand_max - in_hand) as i64;
-            assert!(limit > 0);
+            assert!(limit > 0, "claims only with room in hand");
             let started = Instant::now();
             let node_id = &self.shared.node_id;
             let room = cfg.in_hand_bytes_max - in_hand_bytes;
@@ -121,7 +121,10 @@ impl QueueShard {
                 .held
                 .borrow_mut()
                 .poll(now, FIRE_PER_TURN_MAX, |_, at_ms, h| due.push((at_ms, h)));
-            assert!(fired <= FIRE_PER_TURN_MAX);
+            assert!(
+                fired <= FIRE_PER_TURN_MAX,
+                "the wheel's poll keeps to its bound"
+            );
             let stats = self.stats();
             for (at_ms, h) in due.drain(..) {
                 let late_ms = clock::now_ms().saturating_sub(at_ms);

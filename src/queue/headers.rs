@@ -43,7 +43,10 @@ pub fn validate(headers: &[(String, Option<Vec<u8>>)]) -> Result<(String, i64), 
             .map_err(|_| format!("{HEADER_DEADLINE} is not UTF-8 (message {id})"))?,
     };
     let us = deadline::parse_unix_us(deadline).map_err(|e| format!("{e} (message {id})"))?;
-    assert!(!id.is_empty() && id.chars().count() <= ID_CHARS_MAX);
+    assert!(
+        !id.is_empty() && id.chars().count() <= ID_CHARS_MAX,
+        "the ID was checked above"
+    );
     Ok((id, us))
 }
 

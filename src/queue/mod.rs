@@ -136,7 +136,10 @@ impl InHand {
 
     /// Give back what [`InHand::add`] took (never below zero).
     fn sub(&self, count: usize, bytes: usize) {
-        debug_assert!(count <= self.count.get() && bytes <= self.bytes.get());
+        debug_assert!(
+            count <= self.count.get() && bytes <= self.bytes.get(),
+            "gives back only what was taken"
+        );
         self.count.set(self.count.get().saturating_sub(count));
         self.bytes.set(self.bytes.get().saturating_sub(bytes));
     }

@@ -281,7 +281,11 @@ fn bind_listeners(engine: &EngineConfig, pinned: &[usize]) -> Result<Vec<OwnedFd
             tracing::warn!(target: "chronos::runtime", "accept-steering = \"cpu\" unavailable ({e}): using the hash");
         }
     }
-    assert_eq!(listeners.len(), engine.shards);
+    assert_eq!(
+        listeners.len(),
+        engine.shards,
+        "one listener per shard, in shard order"
+    );
     Ok(listeners)
 }
 

@@ -48,7 +48,10 @@ pub struct Throttle {
 
 impl Throttle {
     pub fn new(cfg: ThrottleConfig, now: Instant) -> Throttle {
-        assert!(cfg.max_tokens >= 1.0 && cfg.min_rate > 0.0 && cfg.min_rate <= cfg.max_rate);
+        assert!(
+            cfg.max_tokens >= 1.0 && cfg.min_rate > 0.0 && cfg.min_rate <= cfg.max_rate,
+            "the configuration's checks keep a bucket of at least one token and 0 < min-rate <= max-rate"
+        );
         Throttle {
             cfg,
             tokens: Cell::new(cfg.max_tokens),

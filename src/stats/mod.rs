@@ -102,7 +102,10 @@ impl Histogram {
     /// One observation of `us` µs; `bounds` ascending, at most
     /// [`HIST_BOUNDS_MAX`] (the same every time for one histogram).
     pub fn record(&self, bounds: &[u64], us: u64) {
-        debug_assert!(bounds.len() <= HIST_BOUNDS_MAX && bounds.is_sorted());
+        debug_assert!(
+            bounds.len() <= HIST_BOUNDS_MAX && bounds.is_sorted(),
+            "at most HIST_BOUNDS_MAX bounds, ascending"
+        );
         // Prometheus' `le`: a bucket counts what is at most its bound.
         let i = bounds.partition_point(|b| *b < us);
         self.counts[i].fetch_add(1, Relaxed);
@@ -293,7 +296,10 @@ impl ShardStats {
 
     /// A resync run ends in `state`: marked, then counted as finished.
     pub fn resync_end(&self, state: i64) {
-        assert!(state == RESYNC_COMPLETE || state == RESYNC_FAILED);
+        assert!(
+            state == RESYNC_COMPLETE || state == RESYNC_FAILED,
+            "a run ends complete or failed, not in state {state}"
+        );
         self.resync_state.store(state, Release);
         self.resync_finished.fetch_add(1, Release);
     }

@@ -76,7 +76,10 @@ pub fn begin(out: &mut Vec<u8>, kind: u8, lsn: u64) -> usize {
 pub fn finish(out: &mut Vec<u8>, at: usize) {
     let padded = (out.len() - at).next_multiple_of(RECORD_ALIGN);
     out.resize(at + padded, 0);
-    assert!(padded <= u32::MAX as usize);
+    assert!(
+        padded <= u32::MAX as usize,
+        "a record's length fits its u32 field"
+    );
     out[at + 4..at + 8].copy_from_slice(&(padded as u32).to_le_bytes());
 }
 
@@ -187,12 +190,19 @@ pub fn put<'t>(
         h.factor_requested,
         h.site_index,
     ]);
-    assert!(image.uri.len() <= u16::MAX as usize);
+    assert!(
+        image.uri.len() <= u16::MAX as usize,
+        "the codec keeps a callback URI far below 64 KiB"
+    );
     out.extend_from_slice(&(image.uri.len() as u16).to_le_bytes());
     let tag_count_at = out.len();
     out.extend_from_slice(&[0, 0]);
     out.extend_from_slice(&(image.opaque.len() as u32).to_le_bytes());
-    assert_eq!(out.len() - at - HEADER_BYTES, PUT_FIXED_BYTES);
+    assert_eq!(
+        out.len() - at - HEADER_BYTES,
+        PUT_FIXED_BYTES,
+        "the fixed part of a put record"
+    );
     out.extend_from_slice(image.uri.as_bytes());
     out.extend_from_slice(image.opaque.as_bytes());
     let mut n = 0u8;
@@ -200,7 +210,10 @@ pub fn put<'t>(
         // Whole names, never cut (a cut could split a UTF-8 character);
         // the codec's limits (256 characters, so at most 1 KiB, and 32
         // tags) are far below these.
-        assert!(name.len() <= u16::MAX as usize && n < u8::MAX);
+        assert!(
+            name.len() <= u16::MAX as usize && n < u8::MAX,
+            "the codec's tag limits are far below the record's"
+        );
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&count.to_le_bytes());

@@ -104,7 +104,10 @@ pub const NODE_INSTANCE_MAX: u8 = (1 << NODE_INSTANCE_BITS) - 1;
 /// The 10-bit instance field of a node: `deployment (3 bits) | instance (7 bits)`,
 /// as the reference's `[identity] deployment_id` and `instance_id`.
 pub fn instance_field(deployment_id: u8, instance_id: u8) -> u16 {
-    assert!(deployment_id <= DEPLOYMENT_ID_MAX && instance_id <= NODE_INSTANCE_MAX);
+    assert!(
+        deployment_id <= DEPLOYMENT_ID_MAX && instance_id <= NODE_INSTANCE_MAX,
+        "the configuration's checks bound deployment and instance IDs"
+    );
     ((deployment_id as u16) << NODE_INSTANCE_BITS) | instance_id as u16
 }
 
@@ -120,7 +123,10 @@ pub struct IdGenerator {
 
 impl IdGenerator {
     pub fn new(instance: u16, shard: usize, shards: usize) -> Self {
-        assert!(instance <= INSTANCE_ID_MAX && shard < shards);
+        assert!(
+            instance <= INSTANCE_ID_MAX && shard < shards,
+            "instance {instance} within its 10 bits, shard {shard} of {shards}"
+        );
         IdGenerator {
             instance: instance as u64,
             shard,
@@ -133,7 +139,7 @@ impl IdGenerator {
     /// The instance field changed (a reload moved this node's derived ID).
     /// The millisecond part stays monotonic across the change.
     pub fn set_instance(&mut self, instance: u16) {
-        assert!(instance <= INSTANCE_ID_MAX);
+        assert!(instance <= INSTANCE_ID_MAX, "an instance field has 10 bits");
         self.instance = instance as u64;
     }
 

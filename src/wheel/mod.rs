@@ -294,7 +294,8 @@ impl<T> Wheel<T> {
     pub fn records_len(&self) -> usize {
         debug_assert_eq!(
             self.records,
-            self.slots.iter().map(Vec::len).sum::<usize>() + self.overflow.len()
+            self.slots.iter().map(Vec::len).sum::<usize>() + self.overflow.len(),
+            "the record count follows every push and compaction"
         );
         self.records
     }
@@ -308,7 +309,7 @@ impl<T> Wheel<T> {
         let index = if self.free_head != NIL {
             let index = self.free_head;
             let entry = &mut self.entries[index as usize];
-            debug_assert!(entry.value.is_none());
+            debug_assert!(entry.value.is_none(), "a free entry holds no value");
             self.free_head = entry.next_free;
             entry.next_free = NIL;
             entry.due_ms = due_ms;
@@ -429,7 +430,10 @@ impl<T> Wheel<T> {
             if expiration.deadline_ms > now_ms {
                 break;
             }
-            debug_assert!(expiration.deadline_ms >= self.elapsed_ms);
+            debug_assert!(
+                expiration.deadline_ms >= self.elapsed_ms,
+                "the wheel's time never goes back"
+            );
             self.elapsed_ms = expiration.deadline_ms;
             let mut records = self.take_records(expiration.slot);
             // Pass 1: cascade what is not due yet, and pack what is due to
