@@ -13,9 +13,9 @@
 //! with `httparse` by one reader ([`read_response`]): Content-Length,
 //! chunked, or close-delimited bodies, bounded in size.
 
+use super::conn::GlommioConn;
 use super::guard::Guard;
 use super::permits::{Permit, Permits};
-use super::server::GlommioConn;
 use super::tls::TlsConn;
 use super::{format_u32, uri};
 use crate::runtime::notify::Notify;
