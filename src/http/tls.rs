@@ -15,7 +15,7 @@
 //! beyond it waits in [`TlsConn`]'s one read buffer of `READ_BYTES`);
 //! the handshake's time (the server's `header-timeout-ms`).
 
-use crate::http::server::Conn;
+use crate::http::conn::Conn;
 use rustls::client::ClientConnection;
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::{ClientHello, ResolvesServerCert, ServerConfig, ServerConnection};
