@@ -11,6 +11,7 @@
 //!   over every node of the (new) cluster, written in decimal.
 
 pub mod acks;
+pub mod config;
 pub mod owed;
 pub mod replicate;
 pub mod sites;

@@ -7,6 +7,7 @@
 //! closed, because the next request's start can no longer be found.
 
 pub mod client;
+pub mod config;
 pub mod conn;
 pub mod guard;
 pub mod permits;

@@ -19,6 +19,7 @@
 
 pub mod bulk;
 pub mod clock;
+pub mod config;
 pub mod gate;
 pub mod loglimit;
 pub mod mesh;

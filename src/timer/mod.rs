@@ -1,6 +1,7 @@
 //! The timer model: IDs, the JSON codec, and the record a shard keeps.
 
 pub mod callback;
+pub mod config;
 pub mod id;
 pub mod spec;
 
