@@ -13,6 +13,7 @@ pub mod guard;
 pub mod permits;
 pub mod ring;
 pub mod server;
+pub mod sign;
 pub mod tls;
 pub mod uri;
 
