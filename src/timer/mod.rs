@@ -3,6 +3,7 @@
 pub mod callback;
 pub mod config;
 pub mod id;
+pub mod retry;
 pub mod spec;
 
 pub use id::{
