@@ -155,14 +155,6 @@ fn start_ready(port: u16, config: &str) -> (Node, Instant) {
     (node, ready)
 }
 
-fn by_path(pops: &[Pop]) -> BTreeMap<String, Vec<Pop>> {
-    let mut m: BTreeMap<String, Vec<Pop>> = BTreeMap::new();
-    for p in pops {
-        m.entry(p.path.clone()).or_default().push(p.clone());
-    }
-    m
-}
-
 fn sample<T: std::fmt::Debug>(items: &[T]) -> String {
     format!("{:?}", &items[..items.len().min(5)])
 }

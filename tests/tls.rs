@@ -124,12 +124,11 @@ fn start_tls(client: &Arc<ClientConfig>, cert: &str, key: &str, extra: &str) -> 
     start_tls_at(client, "127.0.0.1", free_port(), &config, &[])
 }
 
-fn metric(addr: SocketAddr, client: &Arc<ClientConfig>, name: &str) -> f64 {
-    let text = tls_request(addr, client, "GET", "/metrics", "").text();
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+fn tls_metric(addr: SocketAddr, client: &Arc<ClientConfig>, name: &str) -> f64 {
+    metric_sum(
+        &tls_request(addr, client, "GET", "/metrics", "").text(),
+        name,
+    )
 }
 
 #[test]
@@ -174,7 +173,7 @@ fn timers_are_created_read_replaced_and_deleted_over_tls_on_both_drivers() {
             !raw.starts_with(b"HTTP/1.1"),
             "plain answer on the TLS port: {raw:?}"
         );
-        assert!(metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
+        assert!(tls_metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
         node.terminate();
     }
 }
@@ -199,7 +198,7 @@ fn a_handshake_that_does_not_finish_is_closed_within_the_header_timeout() {
         took >= Duration::from_millis(400) && took < Duration::from_secs(5),
         "closed after {took:?}"
     );
-    assert!(metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
+    assert!(tls_metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
     // A client that trusts another CA is refused by its own verifier; the
     // node is not hurt and still serves the trusting client.
     let other = Pki::new("slow-other").client();
@@ -627,9 +626,9 @@ fn a_mutual_tls_cluster_replicates_and_a_replica_pops_after_the_first_node_is_ki
         "replication settled over TLS",
         Duration::from_secs(10),
         || {
-            let queued = metric(first, &client, "chronos_replication_enqueued_total");
-            let sent = metric(first, &client, "chronos_replication_sent_total");
-            let failed = metric(first, &client, "chronos_replication_failed_total");
+            let queued = tls_metric(first, &client, "chronos_replication_enqueued_total");
+            let sent = tls_metric(first, &client, "chronos_replication_sent_total");
+            let failed = tls_metric(first, &client, "chronos_replication_failed_total");
             assert_eq!(failed, 0.0, "{}", nodes[0].log_text());
             if queued >= n as f64 && sent >= queued {
                 Ok(())
@@ -681,17 +680,17 @@ fn a_peer_with_a_certificate_from_another_ca_gets_no_replication() {
         }
     });
     let (queued, sent) = (
-        metric(
+        tls_metric(
             n1.addr,
             &good.client(),
             "chronos_replication_enqueued_total",
         ),
-        metric(n1.addr, &good.client(), "chronos_replication_sent_total"),
+        tls_metric(n1.addr, &good.client(), "chronos_replication_sent_total"),
     );
     assert!(queued >= 5.0 && sent == 0.0, "queued {queued}, sent {sent}");
-    assert!(metric(n1.addr, &good.client(), "chronos_replication_retried_total") >= 1.0);
+    assert!(tls_metric(n1.addr, &good.client(), "chronos_replication_retried_total") >= 1.0);
     assert_eq!(
-        metric(n2.addr, &bad.client(), "chronos_replication_received_total"),
+        tls_metric(n2.addr, &bad.client(), "chronos_replication_received_total"),
         0.0
     );
 }

@@ -1,7 +1,10 @@
-//! Review of issue 20's callback admission and withdrawal (src/shard/pop.rs,
-//! src/shard/targets.rs, src/shard/mod.rs `callback_wanted`,
-//! src/http/client.rs lanes), with real processes. Each test states the
-//! defect it shows; each should pass once the defect is fixed.
+//! Callback admission and withdrawal (issue 20, from a review of the
+//! shard's pop loop, its per-target admission, `callback_wanted` and the
+//! HTTP client's lanes), with real processes: a callback is withdrawn only
+//! after an operation that replaces it, a held pop is never promoted
+//! early, a lane leaves no stale jobs behind, and a queued final pop
+//! outliving its tombstone is still sent. Each test states the defect it
+//! showed.
 
 mod common;
 
