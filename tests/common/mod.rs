@@ -2,14 +2,15 @@
 //! talk to it over plain TCP, and receive its callbacks on a real sink.
 //! The helpers more than one test file needs live here and beside it, by
 //! concern: `cli.rs` (the binary run as a command), `cluster.rs` (loopback
-//! clusters, reloads, idleness), `metrics.rs` (what `/metrics` says),
-//! `proxy.rs` (a TCP proxy of the test's own), `queue.rs` (the delay
-//! queue's broker, topics and table). A helper one file alone uses stays
-//! in that file.
+//! clusters, reloads, idleness), `durable.rs` (the durable log's tests),
+//! `metrics.rs` (what `/metrics` says), `proxy.rs` (a TCP proxy of the
+//! test's own), `queue.rs` (the delay queue's broker, topics and table). A
+//! helper one file alone uses stays in that file.
 #![allow(dead_code)]
 
 pub mod cli;
 pub mod cluster;
+pub mod durable;
 pub mod metrics;
 pub mod proxy;
 pub mod queue;
