@@ -306,10 +306,7 @@ fn review_a_queued_final_pop_outliving_its_tombstone_is_still_sent() {
     let sink = Sink::start(Behaviour::Slow(Duration::from_millis(600)));
     let n = 16;
     for i in 0..n {
-        let body = format!(
-            r#"{{"timing":{{"interval":0.5}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{{"replication-factor":1}}}}"#,
-            sink.uri(&format!("/q/{i}"))
-        );
+        let body = replicated_body("0.5", None, &sink.uri(&format!("/q/{i}")), "x", 1);
         nodes[0].create(&body);
     }
     wait_until("every callback done", Duration::from_secs(30), || {

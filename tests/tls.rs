@@ -578,12 +578,6 @@ fn tls_node_config(
     cluster_config(n, i, port, 1, &extra)
 }
 
-fn cluster_body(interval: &str, uri: &str, factor: u32) -> String {
-    format!(
-        r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"{uri}","opaque":"x"}}}},"reliability":{{"replication-factor":{factor}}}}}"#
-    )
-}
-
 #[test]
 fn a_mutual_tls_cluster_replicates_and_a_replica_pops_after_the_first_node_is_killed() {
     let pki = Pki::new("cluster");
@@ -617,7 +611,7 @@ fn a_mutual_tls_cluster_replicates_and_a_replica_pops_after_the_first_node_is_ki
     let sink = Sink::start(Behaviour::Ok);
     let n = 20;
     for i in 0..n {
-        let body = cluster_body("3", &sink.uri(&format!("/k/{i}")), 2);
+        let body = replicated_body("3", None, &sink.uri(&format!("/k/{i}")), "x", 2);
         let r = tls_request(nodes[0].addr, &client, "POST", "/timers", &body);
         assert_eq!(r.status, 200, "{}", r.text());
     }
@@ -667,7 +661,7 @@ fn a_peer_with_a_certificate_from_another_ca_gets_no_replication() {
     let n2 = start_tls_at(&bad.client(), "127.0.0.2", port, &second, &env);
     let sink = Sink::start(Behaviour::Ok);
     for i in 0..5 {
-        let body = cluster_body("30", &sink.uri(&format!("/p/{i}")), 2);
+        let body = replicated_body("30", None, &sink.uri(&format!("/p/{i}")), "x", 2);
         let r = tls_request(n1.addr, &good.client(), "POST", "/timers", &body);
         assert_eq!(r.status, 200, "{}", r.text());
     }
