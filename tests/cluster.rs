@@ -459,9 +459,7 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
         .collect();
     // Two more pops of every repeating timer (1 s apart), each re-placing it.
     wait_pops_since(&sink, "/r/", 6, 2, reloaded);
-    for node in [&n1, &n2, &n3] {
-        node.wait_replication_settled(Duration::from_secs(5));
-    }
+    wait_settled([&n1, &n2, &n3]);
     let mut expected = [0.0f64; 3];
     for id in repeating.iter().chain(&fresh) {
         for r in replicas_of(id, 3, port, 2) {
@@ -501,9 +499,7 @@ fn sighup_scale_down_drains_the_leaving_node() {
     // Two more pops of every timer, each re-placing it.
     let reloaded = Instant::now();
     wait_pops_since(&sink, "/d/", 6, 2, reloaded);
-    for node in &nodes {
-        node.wait_replication_settled(Duration::from_secs(5));
-    }
+    wait_settled(&nodes);
     wait_live(&all(&nodes), [6.0, 6.0, 0.0]);
     wait_pops_since(&sink, "/d/", 6, 2 + DUPLICATE_SHOWS_WITHIN_POPS, reloaded);
     assert_each_sequence_once(&sink.pops(), "/d/");
