@@ -4,8 +4,9 @@
 //! concern: `cli.rs` (the binary run as a command), `cluster.rs` (loopback
 //! clusters, reloads, idleness), `durable.rs` (the durable log's tests),
 //! `metrics.rs` (what `/metrics` says), `proxy.rs` (a TCP proxy of the
-//! test's own), `queue.rs` (the delay queue's broker, topics and table). A
-//! helper one file alone uses stays in that file.
+//! test's own), `queue.rs` (the delay queue's broker, topics and table),
+//! `tls.rs` (a test CA, requests over TLS). A helper one file alone uses
+//! stays in that file.
 #![allow(dead_code)]
 
 pub mod cli;
@@ -14,6 +15,7 @@ pub mod durable;
 pub mod metrics;
 pub mod proxy;
 pub mod queue;
+pub mod tls;
 
 // Not every test file uses every part of the harness.
 #[allow(unused_imports)]
