@@ -12,7 +12,6 @@
 mod common;
 
 use common::*;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// How long every node may take to have popped or dropped everything it
@@ -22,55 +21,22 @@ const DONE_WITHIN: Duration = Duration::from_secs(40);
 /// replica down longer than this is "down longer than the window".
 const DELIVER_WITHIN_MS: u64 = 2_000;
 
-fn addr(i: usize, port: u16) -> String {
-    format!("\"127.0.0.{i}:{port}\"")
-}
-
 /// Node `i`'s config with these member and joining lists, and `extra`.
 fn config(i: usize, port: u16, nodes: &[usize], joining: &[usize], extra: &str) -> String {
-    let list = |l: &[usize]| {
-        l.iter()
-            .map(|&k| addr(k, port))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     format!(
         "[runtime]\ncores = 1\n[cluster]\nlocalhost = {}\nnode = [{}]\njoining = [{}]\nreplication-deliver-within-ms = {DELIVER_WITHIN_MS}\n{extra}",
-        addr(i, port),
-        list(nodes),
-        list(joining),
+        member_addr(i, port),
+        member_list(nodes, port),
+        member_list(joining, port),
     )
 }
 
 fn start(i: usize, port: u16, config: &str) -> Node {
-    Node::start_at(&format!("127.0.0.{i}"), port, config)
-}
-
-/// How many reloads the node has logged.
-fn reloads(node: &Node) -> usize {
-    node.log_text().matches("cluster reloaded").count()
-}
-
-/// Rewrite a node's config, SIGHUP it, and wait until it logs the reload.
-fn reload(node: &Node, config: &str) {
-    let before = reloads(node);
-    std::fs::write(node.config_path(), config).unwrap();
-    node.signal(libc::SIGHUP);
-    wait_until("the reload", Duration::from_secs(10), || {
-        match reloads(node) > before {
-            true => Ok(()),
-            false => Err(format!("{before} reloads logged")),
-        }
-    });
+    start_member(i, port, config)
 }
 
 fn body(interval: u64, uri: &str, opaque: &str, factor: Option<u32>) -> String {
-    let reliability = factor
-        .map(|f| format!(",\"reliability\":{{\"replication-factor\":{f}}}"))
-        .unwrap_or_default();
-    format!(
-        r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"{uri}","opaque":"{opaque}"}}}}{reliability}}}"#
-    )
+    timer_body_factor(interval, uri, opaque, factor)
 }
 
 fn delete_all(node: &Node, ids: &[String]) {
@@ -103,7 +69,7 @@ fn a_delete_or_update_through_a_node_not_yet_reloaded_is_kept() {
     let b = start(2, port, &config(2, port, &[1, 2], &[], ""));
     let sink = Sink::start(Behaviour::Ok);
     // A joiner (never started) in A's config only: A's view moves on.
-    reload(&a, &config(1, port, &[1, 2], &[3], ""));
+    reload_config(&a, &config(1, port, &[1, 2], &[3], ""));
     let deleted: Vec<String> = (0..20)
         .map(|i| a.create(&body(5, &sink.uri(&format!("/d/{i}")), "d", None)))
         .collect();
@@ -153,17 +119,17 @@ fn a_delete_after_a_grow_reaches_the_replicas_of_the_timers_own_factor() {
         .collect();
     let created = Instant::now();
     // Step 1: every node learns of the joiner; the joiner starts.
-    reload(&a, &config(1, port, &[1, 2], &[3], factor_1));
-    reload(&b, &config(2, port, &[1, 2], &[3], factor_1));
+    reload_config(&a, &config(1, port, &[1, 2], &[3], factor_1));
+    reload_config(&b, &config(2, port, &[1, 2], &[3], factor_1));
     let c = start(3, port, &config(3, port, &[1, 2], &[3], factor_1));
     // Step 2: a resync on every node.
     for node in [&a, &b, &c] {
         resync_cli(node);
     }
     // Step 3: the joiner becomes a member.
-    reload(&a, &config(1, port, &[1, 2, 3], &[], factor_1));
-    reload(&b, &config(2, port, &[1, 2, 3], &[], factor_1));
-    reload(&c, &config(3, port, &[1, 2, 3], &[], factor_1));
+    reload_config(&a, &config(1, port, &[1, 2, 3], &[], factor_1));
+    reload_config(&b, &config(2, port, &[1, 2, 3], &[], factor_1));
+    reload_config(&c, &config(3, port, &[1, 2, 3], &[], factor_1));
     assert!(
         created.elapsed() < Duration::from_secs(15),
         "the grow took {:?}: the timers may have popped already",
@@ -176,20 +142,6 @@ fn a_delete_after_a_grow_reaches_the_replicas_of_the_timers_own_factor() {
         "{} pops of deleted timers: {:?}",
         pops.len(),
         paths(&pops)
-    );
-}
-
-fn resync_cli(node: &Node) {
-    let out = Command::new(env!("CARGO_BIN_EXE_chronos"))
-        .args(["resync", "--wait", "--address", &node.addr.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "chronos resync --wait: {:?}\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        node.log_text()
     );
 }
 
@@ -455,19 +407,19 @@ fn a_delete_through_a_node_not_yet_reloaded_reaches_the_joiner() {
     let a = start(1, port, &config(1, port, &[1, 2], &[], ""));
     let b = start(2, port, &config(2, port, &[1, 2], &[], ""));
     let sink = Sink::start(Behaviour::Ok);
-    reload(&a, &config(1, port, &[1, 2], &[3], ""));
+    reload_config(&a, &config(1, port, &[1, 2], &[3], ""));
     let ids: Vec<String> = (0..20)
         .map(|i| a.create(&body(12, &sink.uri(&format!("/j/{i}")), "j", None)))
         .collect();
     let created = Instant::now();
     delete_all(&b, &ids);
-    reload(&b, &config(2, port, &[1, 2], &[3], ""));
+    reload_config(&b, &config(2, port, &[1, 2], &[3], ""));
     let c = start(3, port, &config(3, port, &[1, 2], &[3], ""));
     for node in [&a, &b, &c] {
         resync_cli(node);
     }
     for (i, node) in [&a, &b, &c].into_iter().enumerate() {
-        reload(node, &config(i + 1, port, &[1, 2, 3], &[], ""));
+        reload_config(node, &config(i + 1, port, &[1, 2, 3], &[], ""));
     }
     assert!(
         created.elapsed() < Duration::from_secs(12),
@@ -495,17 +447,11 @@ fn a_put_racing_a_reload_that_moves_a_member_to_leaving_is_answered() {
             true => (&[1, 2, 3], &[4]),
             false => (&[1, 2, 3, 4], &[]),
         };
-        let list = |l: &[usize]| {
-            l.iter()
-                .map(|&k| addr(k, port))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         format!(
             "[runtime]\ncores = 1\n[cluster]\nlocalhost = {}\nnode = [{}]\nleaving = [{}]\n{}",
-            addr(1, port),
-            list(nodes),
-            list(gone),
+            member_addr(1, port),
+            member_list(nodes, port),
+            member_list(gone, port),
             dir.section()
         )
     };

@@ -20,7 +20,7 @@
 //! backtraces; `ALLOC_SAMPLE_EVERY=<k>` samples one in `k`.
 
 mod common;
-use common::{free_port, read_request, request};
+use common::{free_port, metric_sum, read_request, request};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::{BufReader, Write};
@@ -534,11 +534,15 @@ fn operations_forwarded_over_the_mesh_allocate_nothing() {
         ("PUT", ids[(i * 7) % ids.len()].clone(), body)
     };
     run_requests(&mut conns, WARM_UP, &update);
-    let forwarded_before = metric(addr, "chronos_mesh_forwarded_total");
+    let forwarded_total = || {
+        let text = request(addr, "GET", "/metrics", &[], b"").text();
+        metric_sum(&text, "chronos_mesh_forwarded_total")
+    };
+    let forwarded_before = forwarded_total();
     let window = Window::open();
     run_requests(&mut conns, COUNTED, &update);
     let per = window.close("PUT /timers/<id>, two shards", COUNTED);
-    let forwarded = metric(addr, "chronos_mesh_forwarded_total") - forwarded_before;
+    let forwarded = forwarded_total() - forwarded_before;
     assert!(
         forwarded > COUNTED as f64 / 8.0,
         "the mesh was used ({forwarded} forwarded)"
@@ -589,15 +593,4 @@ fn pop_allocates_nothing_per_pop() {
     // (0.02-0.05 per pop measured): allowed for now.
     let max = 2.0 * PER_ITEM_MAX;
     assert!(per < max, "{per:.3} allocations per pop (at most {max})");
-}
-
-/// A metric's value summed over shards (read outside counting windows:
-/// `/metrics` allocates).
-fn metric(addr: SocketAddr, name: &str) -> f64 {
-    let r = request(addr, "GET", "/metrics", &[], b"");
-    r.text()
-        .lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }

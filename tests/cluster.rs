@@ -55,15 +55,6 @@ fn wait_pops_since(sink: &Sink, prefix: &str, count: usize, pops: usize, since: 
     );
 }
 
-fn body(interval: &str, repeat_for: Option<&str>, uri: &str, opaque: &str, factor: u32) -> String {
-    let repeat = repeat_for
-        .map(|r| format!(",\"repeat-for\":{r}"))
-        .unwrap_or_default();
-    format!(
-        r#"{{"timing":{{"interval":{interval}{repeat}}},"callback":{{"http":{{"uri":"{uri}","opaque":"{opaque}"}}}},"reliability":{{"replication-factor":{factor}}}}}"#
-    )
-}
-
 /// The replicas (node numbers, 1-based, primary first) of a timer ID in
 /// the cluster `127.0.0.1..=n` on `port`, by the library's own rule.
 fn replicas_of(id: &str, n: usize, port: u16, factor: usize) -> Vec<usize> {
@@ -77,15 +68,6 @@ fn replicas_of(id: &str, n: usize, port: u16, factor: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Pops grouped by path.
-fn by_path(pops: &[Pop]) -> BTreeMap<String, Vec<Pop>> {
-    let mut m: BTreeMap<String, Vec<Pop>> = BTreeMap::new();
-    for p in pops {
-        m.entry(p.path.clone()).or_default().push(p.clone());
-    }
-    m
-}
-
 #[test]
 fn steady_state_pops_exactly_once_with_no_backup_duplicates() {
     let nodes = start_cluster(3, 2, "");
@@ -94,7 +76,13 @@ fn steady_state_pops_exactly_once_with_no_backup_duplicates() {
     let created = Instant::now();
     for i in 0..n {
         let node = &nodes[i % 3];
-        node.create(&body("1", None, &sink.uri(&format!("/t/{i}")), "x", 2));
+        node.create(&replicated_body(
+            "1",
+            None,
+            &sink.uri(&format!("/t/{i}")),
+            "x",
+            2,
+        ));
     }
     let pops = sink.wait_for(n, Duration::from_secs(1) + MARGIN + Duration::from_secs(5));
     assert_eq!(pops.len(), n, "every timer pops");
@@ -131,7 +119,13 @@ fn kill_9_of_the_node_that_took_the_requests_loses_no_timer() {
     for i in 0..n {
         // Taken before the request is sent: the timer starts when it arrives.
         created.push(Instant::now());
-        nodes[0].create(&body("3", None, &sink.uri(&format!("/k/{i}")), "x", 2));
+        nodes[0].create(&replicated_body(
+            "3",
+            None,
+            &sink.uri(&format!("/k/{i}")),
+            "x",
+            2,
+        ));
     }
     // Every replica has its copy before the crash.
     nodes[0].wait_replication_settled(Duration::from_secs(5));
@@ -160,7 +154,13 @@ fn delete_and_update_on_another_node_than_the_create() {
     let sink = Sink::start(Behaviour::Ok);
     let mut ids = Vec::new();
     for i in 0..20 {
-        ids.push(nodes[0].create(&body("2", None, &sink.uri(&format!("/d/{i}")), "v1", 2)));
+        ids.push(nodes[0].create(&replicated_body(
+            "2",
+            None,
+            &sink.uri(&format!("/d/{i}")),
+            "v1",
+            2,
+        )));
     }
     for (i, id) in ids.iter().enumerate() {
         if i % 2 == 0 {
@@ -170,7 +170,7 @@ fn delete_and_update_on_another_node_than_the_create() {
             let r = nodes[2].request(
                 "PUT",
                 &format!("/timers/{id}"),
-                &body("2", None, &sink.uri(&format!("/d/{i}")), "v2", 2),
+                &replicated_body("2", None, &sink.uri(&format!("/d/{i}")), "v2", 2),
             );
             assert_eq!(r.status, 200, "{}", r.text());
         }
@@ -199,7 +199,7 @@ fn repeating_timer_keeps_every_sequence_number_across_a_node_kill() {
     let mut nodes = start_cluster(3, 1, "");
     let port = nodes[0].addr.port();
     let sink = Sink::start(Behaviour::Ok);
-    let id = nodes[0].create(&body("1", Some("6"), &sink.uri("/r"), "x", 2));
+    let id = nodes[0].create(&replicated_body("1", Some("6"), &sink.uri("/r"), "x", 2));
     let primary = replicas_of(&id, 3, port, 2)[0];
     // Two pops, then the primary dies.
     let first = sink.wait_for(2, Duration::from_secs(2) + MARGIN + Duration::from_secs(2));
@@ -236,7 +236,13 @@ fn three_replicas_with_a_failing_first_callback_pop_once_more_and_no_third() {
     let sink = Sink::start(Behaviour::FailFirst);
     let n = 20;
     for i in 0..n {
-        nodes[i % 3].create(&body("1", None, &sink.uri(&format!("/f/{i}")), "x", 3));
+        nodes[i % 3].create(&replicated_body(
+            "1",
+            None,
+            &sink.uri(&format!("/f/{i}")),
+            "x",
+            3,
+        ));
     }
     // Primary at 1 s fails, first backup at 3 s succeeds; the second backup
     // (5 s) must stay silent: once both pops of each timer are in, no live
@@ -264,7 +270,7 @@ fn replication_factor_above_the_cluster_size_is_accepted_and_pops_once() {
     let r = nodes[1].request(
         "POST",
         "/timers",
-        &body("1", None, &sink.uri("/big"), "x", 7),
+        &replicated_body("1", None, &sink.uri("/big"), "x", 7),
     );
     assert_eq!(r.status, 200, "{}", r.text());
     // All three nodes are replicas: the first pops, then no live copy may
@@ -284,7 +290,7 @@ fn net_split_pops_on_both_sides_then_heals_to_single_pops() {
     // messages keep flowing while the primary is stopped.
     let interval_s = 2;
     let repeat_s = 24;
-    let id = nodes[0].create(&body(
+    let id = nodes[0].create(&replicated_body(
         &interval_s.to_string(),
         Some(&repeat_s.to_string()),
         &sink.uri("/split"),
@@ -365,7 +371,7 @@ fn put_repeating(node: &Node, ids: &[String], sink: &Sink, prefix: &str) -> Vec<
             let r = node.request(
                 "PUT",
                 &format!("/timers/{id}"),
-                &body("1", Some("60"), &uri, "r", 2),
+                &replicated_body("1", Some("60"), &uri, "r", 2),
             );
             assert_eq!(r.status, 200, "{}", r.text());
             r.location_id()
@@ -391,17 +397,12 @@ fn assert_each_sequence_once(pops: &[Pop], prefix: &str) {
     }
 }
 
-/// Live copies (timers minus tombstones) a node holds.
-fn live(node: &Node) -> f64 {
-    node.metric("chronos_timers_pending") - node.metric("chronos_tombstones")
-}
-
 /// Wait until the nodes hold `expected` live copies (a pop in progress
 /// re-places a timer over a few messages).
 fn wait_live(nodes: &[&Node], expected: [f64; 3]) {
     let what = format!("live copies per node {expected:?}");
     wait_until(&what, Duration::from_secs(5), || {
-        let got: Vec<f64> = nodes.iter().map(|n| live(n)).collect();
+        let got: Vec<f64> = nodes.iter().map(|n| n.live_timers()).collect();
         match got == expected {
             true => Ok(()),
             false => Err(format!("{got:?}")),
@@ -440,9 +441,9 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
     }));
     let repeating = put_repeating(&n1, &chosen, &sink, "/r/");
     n1.wait_replication_settled(Duration::from_secs(5));
-    assert_eq!(live(&n1), 6.0);
-    assert_eq!(live(&n2), 6.0);
-    assert_eq!(live(&n3), 0.0, "node 3 is not in the old cluster");
+    assert_eq!(n1.live_timers(), 6.0);
+    assert_eq!(n2.live_timers(), 6.0);
+    assert_eq!(n3.live_timers(), 0.0, "node 3 is not in the old cluster");
 
     // Node 1 (the primary of every repeating timer) reloads a pop of each
     // repeating timer before node 2: in between, node 1 replicates its pops
@@ -454,13 +455,11 @@ fn sighup_scale_up_places_new_timers_and_rebalances_repeating_ones() {
     reload_config(&n2, &joined_config(2, port));
     let reloaded = Instant::now();
     let fresh: Vec<String> = (0..30)
-        .map(|_| n1.create(&body("3600", None, &sink.uri("/fresh"), "f", 2)))
+        .map(|_| n1.create(&replicated_body("3600", None, &sink.uri("/fresh"), "f", 2)))
         .collect();
     // Two more pops of every repeating timer (1 s apart), each re-placing it.
     wait_pops_since(&sink, "/r/", 6, 2, reloaded);
-    for node in [&n1, &n2, &n3] {
-        node.wait_replication_settled(Duration::from_secs(5));
-    }
+    wait_settled([&n1, &n2, &n3]);
     let mut expected = [0.0f64; 3];
     for id in repeating.iter().chain(&fresh) {
         for r in replicas_of(id, 3, port, 2) {
@@ -500,9 +499,7 @@ fn sighup_scale_down_drains_the_leaving_node() {
     // Two more pops of every timer, each re-placing it.
     let reloaded = Instant::now();
     wait_pops_since(&sink, "/d/", 6, 2, reloaded);
-    for node in &nodes {
-        node.wait_replication_settled(Duration::from_secs(5));
-    }
+    wait_settled(&nodes);
     wait_live(&all(&nodes), [6.0, 6.0, 0.0]);
     wait_pops_since(&sink, "/d/", 6, 2 + DUPLICATE_SHOWS_WITHIN_POPS, reloaded);
     assert_each_sequence_once(&sink.pops(), "/d/");
@@ -536,7 +533,7 @@ fn two_nodes_whose_addresses_hash_alike_hand_out_distinct_ids() {
                 s.spawn(move || {
                     (0..per_node)
                         .map(|i| {
-                            node.create(&body(
+                            node.create(&replicated_body(
                                 "600",
                                 None,
                                 &format!("http://127.0.0.1:9/{i}"),
@@ -581,7 +578,7 @@ fn the_replication_queue_to_a_stopped_peer_is_bounded_in_bytes() {
     let opaque = "o".repeat(200 * 1024);
     let n = 30;
     for i in 0..n {
-        nodes[0].create(&body(
+        nodes[0].create(&replicated_body(
             "600",
             None,
             &format!("http://127.0.0.1:9/{i}"),
@@ -619,9 +616,9 @@ fn a_delete_refused_for_a_while_is_retried_and_the_timer_never_pops() {
     let b = Node::start_at("127.0.0.2", port, &b_cfg);
     let sink = Sink::start(Behaviour::Ok);
     let nodes = [&_a, &b];
-    let id = nodes[0].create(&body("4", None, &sink.uri("/deleted"), "x", 2));
+    let id = nodes[0].create(&replicated_body("4", None, &sink.uri("/deleted"), "x", 2));
     // The positive control: the same timer on the same nodes, not deleted.
-    nodes[0].create(&body("4", None, &sink.uri("/kept"), "x", 2));
+    nodes[0].create(&replicated_body("4", None, &sink.uri("/kept"), "x", 2));
     nodes[0].wait_replication_settled(Duration::from_secs(5));
     // Take B's only connection slot once A's idle connection is gone (B
     // answers a second connection with 503), then delete through A.
@@ -710,7 +707,13 @@ fn a_pop_waiting_too_long_for_a_connection_is_left_to_the_backup() {
     let sink = Sink::start(Behaviour::Slow(Duration::from_millis(100)));
     let n = 30;
     for i in 0..n {
-        nodes[i % 2].create(&body("1", None, &sink.uri(&format!("/w/{i}")), "x", 2));
+        nodes[i % 2].create(&replicated_body(
+            "1",
+            None,
+            &sink.uri(&format!("/w/{i}")),
+            "x",
+            2,
+        ));
     }
     let pops = sink.wait_for(
         n,
@@ -740,7 +743,7 @@ fn a_creator_that_is_not_a_replica_keeps_nothing() {
     let port = nodes[0].addr.port();
     let mut elsewhere = 0;
     for i in 0..30 {
-        let id = nodes[0].create(&body(
+        let id = nodes[0].create(&replicated_body(
             "600",
             None,
             &format!("http://127.0.0.1:9/{i}"),
@@ -774,7 +777,7 @@ fn a_node_started_after_the_create_pops_on_time() {
     let r = n1.request(
         "PUT",
         &format!("/timers/{id}"),
-        &body("5", None, &sink.uri("/late"), "l", 2),
+        &replicated_body("5", None, &sink.uri("/late"), "l", 2),
     );
     assert_eq!(r.status, 200, "{}", r.text());
     // Node 2, the primary, starts 3 s later and learns the timer from the

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{free_port, timer_body, wait_until, Behaviour, Node, Sink};
+use common::{free_port, reload_config, timer_body, wait_until, Behaviour, Node, Sink};
 use std::time::Duration;
 
 fn allow(rules: &[&str]) -> String {
@@ -144,7 +144,7 @@ fn a_narrowed_list_refuses_at_connect_time_and_a_bad_one_is_not_taken() {
     let (status, body) = post_in(&node, &sink.uri("/still"), "8");
     assert_eq!(status, 200, "the running list still allows it: {body}");
     // Narrowed: the timers already accepted are refused when they pop.
-    reload(&node, &allow(&["!127.0.0.1", "127.0.0.0/8"]), 1);
+    reload_config(&node, &allow(&["!127.0.0.1", "127.0.0.0/8"]));
     wait_until(
         "the narrowed list on the shard",
         Duration::from_secs(10),
@@ -173,7 +173,7 @@ fn a_narrowed_list_refuses_at_connect_time_and_a_bad_one_is_not_taken() {
     // Rate-limited: one line for both.
     assert_eq!(log.matches("not sent: callback host").count(), 1, "{log}");
     // Removing the key allows everything again.
-    reload(&node, "[runtime]\ncores = 1\n", 2);
+    reload_config(&node, "[runtime]\ncores = 1\n");
     wait_until(
         "the list removed on the shard",
         Duration::from_secs(10),
@@ -192,20 +192,6 @@ fn a_narrowed_list_refuses_at_connect_time_and_a_bad_one_is_not_taken() {
         }
     });
     node.kill9();
-}
-
-/// Rewrite the node's config, SIGHUP it, and wait for its `n`th reload
-/// line (the shards take it right after).
-fn reload(node: &Node, config: &str, n: usize) {
-    std::fs::write(node.config_path(), config).unwrap();
-    node.signal(libc::SIGHUP);
-    wait_until("the reload", Duration::from_secs(10), || {
-        let log = node.log_text();
-        match log.matches("cluster reloaded").count() >= n {
-            true => Ok(()),
-            false => Err(log),
-        }
-    });
 }
 
 /// `POST /timers` for `uri`, due in `interval` seconds.

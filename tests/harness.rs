@@ -6,7 +6,8 @@ mod common;
 
 use std::process::Command;
 
-fn run(args: &[&str]) -> serde_json::Value {
+/// Run `chronos-perf` with `args`; its JSON results (its SVG checked too).
+fn run_perf(args: &[&str]) -> serde_json::Value {
     let dir = std::env::temp_dir().join(format!("chronos-perf-smoke-{}", std::process::id()));
     let name = args[0].to_string() + "-smoke";
     let out = Command::new(env!("CARGO_BIN_EXE_chronos-perf"))
@@ -29,7 +30,7 @@ fn run(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn http_mode_smoke() {
-    let r = run(&[
+    let r = run_perf(&[
         "http",
         "--count",
         "1000",
@@ -51,7 +52,7 @@ fn http_mode_smoke() {
 
 #[test]
 fn queue_mode_smoke() {
-    let r = run(&[
+    let r = run_perf(&[
         "queue",
         "--rate",
         "300",

@@ -165,11 +165,10 @@ const REPEAT_S: u64 = 26;
 /// Repeating timers on every replica pair: node 3 is primary of some,
 /// backup of others, and uninvolved in the rest. Returns once each popped.
 fn create_timers(nodes: &[Node], sink: &Sink) {
+    let (interval, repeat_for) = (INTERVAL_S.to_string(), REPEAT_S.to_string());
     for t in 0..TIMERS {
-        let body = format!(
-            r#"{{"timing":{{"interval":{INTERVAL_S},"repeat-for":{REPEAT_S}}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{{"replication-factor":2}}}}"#,
-            sink.uri(&format!("/t{t}"))
-        );
+        let uri = sink.uri(&format!("/t{t}"));
+        let body = replicated_body(&interval, Some(&repeat_for), &uri, "x", 2);
         nodes[t % 2].create(&body);
     }
     wait_until(

@@ -1,5 +1,6 @@
 //! Pops and callbacks: timing bounds, repeats, updates, deletes, failures,
-//! load. Bounds allow for a loaded 2-core machine: never early, at most
+//! load, and the reference's rules for a `repeat-for` below `interval`
+//! and for zero intervals. Bounds allow for a loaded 2-core machine: never early, at most
 //! `interval + 600 ms` late. "No more pops" is checked once the node is
 //! idle (`wait_idle`: no live timer left, every callback answered), not
 //! after a fixed sleep.
@@ -281,4 +282,46 @@ fn a_burst_past_the_connection_bound_pops_late_not_failed() {
     bodies.sort();
     bodies.dedup();
     assert_eq!(bodies.len(), n, "each timer exactly once");
+}
+
+/// Issue 24, item 12, the reference's rules: `repeat-for` below `interval` is
+/// accepted and never pops (a `PUT` with it ends a timer); `interval` 0
+/// pops once, at once; `interval` 0 with a `repeat-for` is refused, with
+/// both values named.
+#[test]
+fn repeat_for_below_interval_and_zero_intervals_follow_the_reference() {
+    let node = Node::start("[runtime]\ncores = 1\n");
+    let sink = Sink::start(Behaviour::Ok);
+    let never = node.request(
+        "POST",
+        "/timers",
+        &timer_body("0.5", Some("0.2"), &sink.uri("/never"), "x"),
+    );
+    assert_eq!(never.status, 200, "{}", never.text());
+    let id = node.create(&timer_body("0.5", Some("10"), &sink.uri("/ended"), "x"));
+    let put = node.request(
+        "PUT",
+        &format!("/timers/{id}"),
+        &timer_body("1", Some("0.5"), &sink.uri("/ended"), "x"),
+    );
+    assert_eq!(put.status, 200, "{}", put.text());
+    let created = Instant::now();
+    node.create(&timer_body("0", None, &sink.uri("/zero"), "x"));
+    let zero = sink.wait_for(1, Duration::from_secs(1));
+    assert!(created.elapsed() < Duration::from_millis(500), "{zero:?}");
+    let refused = node.request(
+        "POST",
+        "/timers",
+        &timer_body("0", Some("1.5"), &sink.uri("/r"), "x"),
+    );
+    assert_eq!(refused.status, 400);
+    let reason = refused.text();
+    assert!(
+        reason.contains("timing.interval 0") && reason.contains("timing.repeat-for 1.5"),
+        "{reason}"
+    );
+    std::thread::sleep(Duration::from_millis(2_000));
+    let pops = sink.pops();
+    assert_eq!(pops.len(), 1, "{pops:?}");
+    assert_eq!((pops[0].path.as_str(), pops[0].sequence), ("/zero", 1));
 }

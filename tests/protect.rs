@@ -65,50 +65,6 @@ fn authed(node: &Node, method: &str, path: &str, body: &str) -> Response {
     )
 }
 
-/// One metric from `/metrics`, read with the secret.
-fn metric(node: &Node, name: &str) -> f64 {
-    let r = authed(node, "GET", "/metrics", "");
-    assert_eq!(r.status, 200, "{}", r.text());
-    let text = r.text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
-}
-
-/// `GET /cluster`, read with the secret.
-fn cluster_json(node: &Node) -> serde_json::Value {
-    let r = authed(node, "GET", "/cluster", "");
-    assert_eq!(r.status, 200, "{}", r.text());
-    serde_json::from_slice(&r.body).unwrap()
-}
-
-fn view_id(node: &Node) -> String {
-    cluster_json(node)["cluster-view-id"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-fn live(node: &Node) -> f64 {
-    metric(node, "chronos_timers_pending") - metric(node, "chronos_tombstones")
-}
-
-/// Wait until every replication message the node queued was answered or
-/// given up on.
-fn settle(node: &Node) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let queued = metric(node, "chronos_replication_enqueued_total");
-        let done = metric(node, "chronos_replication_sent_total")
-            + metric(node, "chronos_replication_failed_total");
-        if done >= queued {
-            return;
-        }
-        assert!(Instant::now() < deadline, "replication did not settle");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// How many of `ids` (by their unique half) `text` shows.
 fn shown(text: &str, ids: &[String]) -> usize {
     ids.iter().filter(|id| text.contains(&id[..16])).count()
@@ -121,7 +77,10 @@ fn shown(text: &str, ids: &[String]) -> usize {
 #[test]
 fn a_shared_secret_closes_the_internal_api_and_the_cluster_still_works() {
     let extra = format!("shared-secret = \"{SECRET}\"\n");
-    let mut nodes = start_cluster(3, 1, &extra);
+    let mut nodes: Vec<Node> = start_cluster(3, 1, &extra)
+        .into_iter()
+        .map(|n| n.with_secret(SECRET))
+        .collect();
     let port = nodes[0].addr.port();
     let sink = Sink::start(Behaviour::Ok);
     // Seed: client requests need no secret; replication carries it.
@@ -129,8 +88,8 @@ fn a_shared_secret_closes_the_internal_api_and_the_cluster_still_works() {
     let ids: Vec<String> = (0..20)
         .map(|i| nodes[0].create(&timer_body("5", None, &sink.uri(&format!("/t/{i}")), "x")))
         .collect();
-    nodes.iter().for_each(settle);
-    let live_all = || nodes.iter().map(live).sum::<f64>();
+    wait_settled(&nodes);
+    let live_all = || nodes.iter().map(Node::live_timers).sum::<f64>();
     assert_eq!(live_all(), 40.0, "two replicas of each");
     // What node 1 holds with node 2 as a replica (every view), in one page.
     let listing = format!(
@@ -169,8 +128,8 @@ fn a_shared_secret_closes_the_internal_api_and_the_cluster_still_works() {
             assert_eq!(shown(&r.text(), &ids), 0, "{}", r.text());
         }
     }
-    assert_eq!(metric(&nodes[0], "chronos_internal_refused_total"), 12.0);
-    nodes.iter().for_each(settle);
+    assert_eq!(nodes[0].metric("chronos_internal_refused_total"), 12.0);
+    wait_settled(&nodes);
     assert_eq!(live_all(), 40.0, "nothing forged was stored");
     nodes[0].kill9();
     let pops = sink.wait_for(
@@ -231,21 +190,11 @@ fn a_forged_references_delete_marks_nothing_on_a_node_holding_timers() {
     let config = |joining: &str| {
         format!("[runtime]\ncores = 1\n[cluster]\nlocalhost = \"{a}\"\nnode = [\"{a}\"]\njoining = [{joining}]\nresync-at-start = false\nshared-secret = \"{SECRET}\"\n")
     };
-    let node = Node::start_at("127.0.0.1", port, &config(""));
+    let node = Node::start_at("127.0.0.1", port, &config("")).with_secret(SECRET);
     let sink = Sink::start(Behaviour::Ok);
-    let body = format!(
-        r#"{{"timing":{{"interval":120}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{{"replication-factor":2}}}}"#,
-        sink.uri("/t")
-    );
+    let body = replicated_body("120", None, &sink.uri("/t"), "x", 2);
     let ids: Vec<String> = (0..10).map(|_| node.create(&body)).collect();
-    let before = view_id(&node);
-    std::fs::write(node.config_path(), config(&format!("\"{b}\""))).unwrap();
-    node.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while view_id(&node) == before {
-        assert!(Instant::now() < deadline, "no reload:\n{}", node.log_text());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    reload_view(&node, &config(&format!("\"{b}\"")));
     let listing = format!(
         "/timers?node-for-replicas={b}&cluster-view-id={}",
         view_id(&node)
@@ -274,10 +223,10 @@ fn a_forged_references_delete_marks_nothing_on_a_node_holding_timers() {
         assert_eq!(r.status, 403, "with {auth:?}: {}", r.text());
         assert!(r.text().contains("shared secret"), "{}", r.text());
     }
-    assert_eq!(metric(&node, "chronos_internal_refused_total"), 4.0);
-    assert_eq!(metric(&node, "chronos_resync_references_total"), 0.0);
+    assert_eq!(node.metric("chronos_internal_refused_total"), 4.0);
+    assert_eq!(node.metric("chronos_resync_references_total"), 0.0);
     assert_eq!(listed(), 10, "a forged DELETE marked nothing");
-    assert_eq!(live(&node), 10.0);
+    assert_eq!(node.live_timers(), 10.0);
     // Control: with the secret it marks the timers it names.
     let r = authed(
         &node,
@@ -286,7 +235,7 @@ fn a_forged_references_delete_marks_nothing_on_a_node_holding_timers() {
         &references(&ids[..4]),
     );
     assert_eq!(r.status, 202, "{}", r.text());
-    assert_eq!(metric(&node, "chronos_resync_references_total"), 4.0);
+    assert_eq!(node.metric("chronos_resync_references_total"), 4.0);
     assert_eq!(listed(), 6, "the four marked are no longer listed");
 }
 
@@ -298,7 +247,8 @@ fn a_forged_references_delete_marks_nothing_on_a_node_holding_timers() {
 fn with_a_shared_secret_the_admin_routes_need_it_and_health_checks_stay_open() {
     let node = Node::start(&format!(
         "[runtime]\ncores = 1\n[cluster]\nresync-at-start = false\nshared-secret = \"{SECRET}\"\n"
-    ));
+    ))
+    .with_secret(SECRET);
     let runs = |n: &Node| cluster_json(n)["resync"]["started-runs"].as_u64().unwrap();
     let before = runs(&node);
     let admin = [
@@ -319,7 +269,7 @@ fn with_a_shared_secret_the_admin_routes_need_it_and_health_checks_stay_open() {
             );
         }
     }
-    assert_eq!(metric(&node, "chronos_internal_refused_total"), 16.0);
+    assert_eq!(node.metric("chronos_internal_refused_total"), 16.0);
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(runs(&node), before, "a forged POST /resync started no run");
     // With the secret: the next run is the first one since.
@@ -339,7 +289,7 @@ fn with_a_shared_secret_the_admin_routes_need_it_and_health_checks_stay_open() {
         let r = node.request(method, path, "");
         assert_eq!(r.status, 200, "{method} {path}: {}", r.text());
     }
-    assert_eq!(metric(&node, "chronos_internal_refused_total"), 16.0);
+    assert_eq!(node.metric("chronos_internal_refused_total"), 16.0);
 }
 
 /// Without a shared secret nothing changes: the admin routes answer

@@ -216,7 +216,7 @@ fn a_node_killed_between_readying_and_firing_loses_nothing() {
     let s = setup("kill", 2);
     // A claims far ahead, so it holds every message for a while.
     let mut a = s.node("look-ahead-ms = 4000");
-    let a_id = node_id(&a);
+    let a_id = queue_node_id(&a);
     let reader = OutputReader::start(&s.broker.brokers(), &s.output);
     let p = producer(&s.broker.brokers());
     let at = now_ms() + 9_000;
@@ -275,19 +275,6 @@ fn a_node_killed_between_readying_and_firing_loses_nothing() {
         "{log}"
     );
     assert_eq!(b.metric("chronos_queue_reset_total"), 40.0);
-}
-
-/// The node ID from a node's start-up log.
-fn node_id(node: &Node) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let log = node.log_text();
-        if let Some(pos) = log.find("node_id=") {
-            return log[pos + 8..pos + 8 + 36].to_string();
-        }
-        assert!(std::time::Instant::now() < deadline, "no node_id in {log}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Issue 13: a message Postgres cannot store (a NUL in its ID: `text` cannot
@@ -371,7 +358,7 @@ fn a_poison_message_costs_only_itself_and_headers_survive_byte_for_byte() {
 fn the_node_vacuums_its_table_once_dead_rows_pile_up() {
     let s = setup("vacuum", 1);
     let node = s.node("vacuum-dead-rows = 300\nvacuum-check-ms = 200");
-    wait_ready(&node);
+    node.wait_ready_200(Duration::from_secs(15));
     let options = psql(&format!(
         "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = '{}'::regclass",
         s.table
@@ -429,19 +416,6 @@ fn relay_due(s: &Setup, prefix: &str, n: usize, in_ms: i64, node: &Node) {
     assert_eq!(seen.len(), n, "{}", node.log_text());
 }
 
-/// Wait (bounded) until the node answers `/ready` with 200.
-fn wait_ready(node: &Node) {
-    let until = std::time::Instant::now() + Duration::from_secs(15);
-    while node.request("GET", "/ready", "").status != 200 {
-        assert!(
-            std::time::Instant::now() < until,
-            "never ready: {}",
-            node.request("GET", "/ready", "").text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The review of issue 22's vacuum: rows an open snapshot still sees cannot
 /// be removed, so the dead-row count stays high after a vacuum; the node
 /// must not then vacuum back to back every `vacuum-check-ms` (it counts
@@ -450,7 +424,7 @@ fn wait_ready(node: &Node) {
 fn a_snapshot_that_pins_dead_rows_does_not_make_the_node_vacuum_back_to_back() {
     let s = setup("vacpin", 1);
     let node = s.node("vacuum-dead-rows = 300\nvacuum-check-ms = 100");
-    wait_ready(&node);
+    node.wait_ready_200(Duration::from_secs(15));
     psql(&format!(
         "ALTER TABLE {} SET (autovacuum_enabled = false)",
         s.table

@@ -19,7 +19,6 @@ use common::queue::*;
 use common::*;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::BaseProducer;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -33,26 +32,7 @@ const VALUE_BYTES: usize = 8192;
 /// One message per key (the key also its ID), each with `value`, due at
 /// `due`.
 fn inputs<'a>(keys: &'a [String], value: &'a [u8], due: &'a str) -> Vec<Input<'a>> {
-    keys.iter()
-        .map(|k| Input {
-            key: Some(k),
-            value,
-            headers: vec![("chronosMessageId", k), ("chronosDeadline", due)],
-        })
-        .collect()
-}
-
-/// A producer that puts each `produce_to` call's messages into one record
-/// batch (one linger, no size or count cut).
-fn batching_producer(brokers: &str) -> BaseProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("linger.ms", "1000")
-        .set("batch.num.messages", "100000")
-        .set("batch.size", "16000000")
-        .set("message.max.bytes", "16000000")
-        .create()
-        .expect("producer")
+    keys.iter().map(|k| input(k, value, due)).collect()
 }
 
 /// Two record batches on one partition, both on the topic before the node

@@ -15,11 +15,9 @@ mod common;
 
 use common::queue::*;
 use common::*;
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::BaseProducer;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,23 +48,13 @@ struct KafkaProxy {
 
 impl KafkaProxy {
     fn start(broker_port: u16) -> KafkaProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
         let state: Arc<ProxyState> = Default::default();
         let st = state.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(("127.0.0.1", broker_port)) else {
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let st = st.clone();
-                std::thread::spawn(move || pump_requests(client, server, &st));
-                std::thread::spawn(move || pump_replies(s2, c2));
-            }
-        });
+        let port = proxy::start(
+            ([127, 0, 0, 1], broker_port).into(),
+            Arc::new(move |c: TcpStream, s: TcpStream| pump_requests(c, s, &st)),
+            Arc::new(proxy::pass_as_is),
+        );
         KafkaProxy { port, state }
     }
 
@@ -91,15 +79,7 @@ fn pump_requests(mut from: TcpStream, mut to: TcpStream, state: &ProxyState) {
             break;
         }
     }
-    let _ = to.shutdown(Shutdown::Both);
-    let _ = from.shutdown(Shutdown::Both);
-}
-
-/// Broker to client, as is.
-fn pump_replies(mut from: TcpStream, mut to: TcpStream) {
-    let _ = std::io::copy(&mut from, &mut to);
-    let _ = to.shutdown(Shutdown::Both);
-    let _ = from.shutdown(Shutdown::Both);
+    proxy::shut_both(&from, &to);
 }
 
 /// One request as it came: a 4-byte big-endian length, then that many
@@ -133,17 +113,6 @@ const BATCHES: usize = 3;
 /// The group's committed offset before the node starts: inside the second
 /// batch (50..=99). A fetch from 60 answers from 100 on.
 const COMMITTED: usize = 60;
-
-/// A producer that puts each `produce_to` call's messages into one record
-/// batch (one linger, no size or count cut).
-fn batching_producer(brokers: &str) -> BaseProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("linger.ms", "1000")
-        .set("batch.num.messages", "100000")
-        .create()
-        .expect("producer")
-}
 
 /// A broker behind a proxy, fresh topics and a fresh table name.
 fn setup_behind_proxy(name: &str) -> (Setup, KafkaProxy) {

@@ -32,35 +32,10 @@ fn turn() -> MutexGuard<'static, ()> {
 const UNPUBLISHABLE: &str = "chronos_queue_rejected_total{reason=\"unpublishable\"}";
 const OUTPUT_BLOCKED: &str = "chronos_queue_output_blocked";
 
-/// The tail of a node's log, for assertion messages.
-fn log_tail(node: &Node) -> String {
-    let log = node.log_text();
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-fn input<'a>(id: &'a str, value: &'a [u8], deadline: &'a str) -> Input<'a> {
-    Input {
-        key: Some(id),
-        value,
-        headers: vec![("chronosMessageId", id), ("chronosDeadline", deadline)],
-    }
-}
-
-/// A metric's value, or `Err` naming it when the node does not export it
-/// (so that a wait on a metric that does not exist yet fails with a
-/// message, not a panic in the middle of the wait).
-fn metric(node: &Node, name: &str) -> Result<f64, String> {
-    let text = node.request("GET", "/metrics", "").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .ok_or_else(|| format!("no metric {name}"))
-}
-
 /// Wait until `name` reads `want`.
 fn wait_metric(node: &Node, name: &str, want: f64, timeout: Duration) {
     wait_until(&format!("{name} = {want}"), timeout, || {
-        match metric(node, name)? {
+        match node.try_metric(name)? {
             v if v == want => Ok(()),
             v => Err(format!("{name} = {v}")),
         }
@@ -195,7 +170,7 @@ fn a_missing_output_topic_holds_messages_and_says_so_until_it_is_created() {
     sleep_until(instant_of_ms(due_ms + 1_000));
     let kept = table_rows(&s.table);
     assert_eq!(kept, 10, "rows deleted while blocked\n{}", log_tail(&node));
-    assert_eq!(metric(&node, UNPUBLISHABLE), Ok(0.0));
+    assert_eq!(node.try_metric(UNPUBLISHABLE), Ok(0.0));
     s.broker.create_topic(&s.output, 2);
     let reader = OutputReader::start(&s.broker.brokers(), &s.output);
     let until = within(Duration::from_secs(30));
@@ -209,7 +184,7 @@ fn a_missing_output_topic_holds_messages_and_says_so_until_it_is_created() {
     }
     node.wait_ready_200(Duration::from_secs(15));
     wait_metric(&node, OUTPUT_BLOCKED, 0.0, Duration::from_secs(5));
-    assert_eq!(metric(&node, UNPUBLISHABLE), Ok(0.0));
+    assert_eq!(node.try_metric(UNPUBLISHABLE), Ok(0.0));
 }
 
 /// One message per ID, the ID also its key and its value, all due at `dl`.

@@ -20,7 +20,7 @@ use common::queue::*;
 use common::*;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,23 +46,13 @@ struct PgProxy {
 
 impl PgProxy {
     fn start() -> PgProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
         let state: Arc<ProxyState> = Default::default();
-        let st = state.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect("127.0.0.1:5432") else {
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (st1, st2) = (st.clone(), st.clone());
-                std::thread::spawn(move || pump_requests(c2, s2, &st1));
-                std::thread::spawn(move || pump_replies(server, client, &st2));
-            }
-        });
+        let (st1, st2) = (state.clone(), state.clone());
+        let port = proxy::start(
+            "127.0.0.1:5432".parse().unwrap(),
+            Arc::new(move |c: TcpStream, s: TcpStream| pump_requests(c, s, &st1)),
+            Arc::new(move |s: TcpStream, c: TcpStream| pump_replies(s, c, &st2)),
+        );
         PgProxy { port, state }
     }
 
@@ -91,8 +81,7 @@ fn pump_requests(mut from: TcpStream, mut to: TcpStream, state: &ProxyState) {
             break;
         }
     }
-    let _ = to.shutdown(Shutdown::Both);
-    let _ = from.shutdown(Shutdown::Both);
+    proxy::shut_both(&from, &to);
 }
 
 /// Server to client, message by message (every server message is a type
@@ -132,8 +121,7 @@ fn pump_replies(mut from: TcpStream, mut to: TcpStream, state: &ProxyState) {
                 // Committed; the reply is lost with the connection.
                 let _ = to.write_all(&out);
                 state.cuts.fetch_add(1, Ordering::SeqCst);
-                let _ = to.shutdown(Shutdown::Both);
-                let _ = from.shutdown(Shutdown::Both);
+                proxy::shut_both(&from, &to);
                 return;
             }
             at = end;
@@ -147,8 +135,7 @@ fn pump_replies(mut from: TcpStream, mut to: TcpStream, state: &ProxyState) {
             break;
         }
     }
-    let _ = to.shutdown(Shutdown::Both);
-    let _ = from.shutdown(Shutdown::Both);
+    proxy::shut_both(&from, &to);
 }
 
 /// A node of `s` whose Postgres connections go through `proxy`.
@@ -179,13 +166,6 @@ fn wait_delivered(reader: &OutputReader, keys: &[String], timeout: Duration) -> 
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// The tail of a node's log, for assertion messages.
-fn log_tail(node: &Node) -> String {
-    let log = node.log_text();
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 /// Item 2. The proxy lets Postgres commit the claim of 50 rows, then
@@ -348,27 +328,6 @@ fn a_node_whose_postgres_stalls_leaves_the_group_and_another_takes_over() {
         log_tail(&a)
     );
     eprintln!("all delivered {took:?} into A's stall");
-}
-
-/// A process's memory figure from `/proc/<pid>/status`, bytes.
-fn proc_status_bytes(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
-    kb * 1024
-}
-
-/// The peak resident memory of a process, bytes.
-fn peak_rss(pid: u32) -> u64 {
-    proc_status_bytes(pid, "VmHWM:")
-}
-
-/// The resident memory of a process, bytes.
-fn rss(pid: u32) -> u64 {
-    proc_status_bytes(pid, "VmRSS:")
 }
 
 /// Values received on the output topic, by key: (length, first byte).

@@ -14,21 +14,6 @@ use std::time::{Duration, Instant};
 
 const ADVANCE_MS: i64 = 50;
 
-/// The tail of a node's log, for assertion messages.
-fn log_tail(node: &Node) -> String {
-    let log = node.log_text();
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-fn input<'a>(id: &'a str, value: &'a [u8], deadline: &'a str) -> Input<'a> {
-    Input {
-        key: Some(id),
-        value,
-        headers: vec![("chronosMessageId", id), ("chronosDeadline", deadline)],
-    }
-}
-
 /// Item 1. Per partition, one message over the node's producer
 /// `message.max.bytes` that is late on arrival and one that is stored
 /// (due 3 s later), ahead of 50 good messages (25 late, 25 stored). The
@@ -204,18 +189,6 @@ fn a_late_message_then_a_future_one_with_its_id_are_both_delivered_in_order() {
     }
 }
 
-/// The resident set of a process, in bytes.
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kb * 1024
-}
-
 /// The byte bounds. The output topic does not exist, so nothing is ever
 /// published: 200 stored messages of 300 KB are claimed into the shards'
 /// hands, and 200 late ones wait in the inboxes behind their batch (120 MB
@@ -250,7 +223,7 @@ fn memory_stays_bounded_in_bytes_while_nothing_can_be_published() {
             }
         },
     );
-    let base = rss_bytes(node.child.id());
+    let base = rss(node.child.id());
     let p = producer(&s.broker.brokers());
     let big = vec![b'v'; 300_000];
     let past = iso(now_ms() - 10_000);
@@ -273,7 +246,7 @@ fn memory_stays_bounded_in_bytes_while_nothing_can_be_published() {
     let until = Instant::now() + Duration::from_millis(watch_ms);
     let mut peak = base;
     while Instant::now() < until {
-        peak = peak.max(rss_bytes(node.child.id()));
+        peak = peak.max(rss(node.child.id()));
         std::thread::sleep(Duration::from_millis(50));
     }
     let consumed = node.metric("chronos_queue_consumed_total");

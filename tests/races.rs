@@ -14,12 +14,15 @@
 //!   popped late), or longer than `deliver-within` (delivered in order since
 //!   issue 37; they were given up before);
 //! - a `POST` no node keeps because the replication queue is full (200);
-//! - a `DELETE` of a timer whose callback waits for a lane (it was sent).
+//! - a `DELETE` of a timer whose callback waits for a lane (it was sent);
+//! - from reviews: ten hanging targets, each under its share when the
+//!   spare slots run out (against the reserve); a non-final pop's success
+//!   replicating a tombstone of the same incarnation (a repeating timer
+//!   deleted cluster-wide).
 
 mod common;
 
 use common::*;
-use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,32 +32,6 @@ use std::time::{Duration, Instant};
 const SKEW: Duration = Duration::from_secs(2);
 /// Lateness allowed on top of a schedule on a loaded 2-core machine.
 const MARGIN: Duration = Duration::from_millis(1500);
-
-fn body(interval: &str, repeat_for: Option<&str>, uri: &str, factor: u32) -> String {
-    let repeat = repeat_for
-        .map(|r| format!(",\"repeat-for\":{r}"))
-        .unwrap_or_default();
-    format!(
-        r#"{{"timing":{{"interval":{interval}{repeat}}},"callback":{{"http":{{"uri":"{uri}","opaque":"x"}}}},"reliability":{{"replication-factor":{factor}}}}}"#
-    )
-}
-
-fn by_path(pops: &[Pop]) -> BTreeMap<String, Vec<Pop>> {
-    let mut m: BTreeMap<String, Vec<Pop>> = BTreeMap::new();
-    for p in pops {
-        m.entry(p.path.clone()).or_default().push(p.clone());
-    }
-    m
-}
-
-/// Wait until `cond` holds, or fail with `what` after `timeout`.
-fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Item 2: interval 1 s, a target that answers in 1.2 s. The next pop is
 /// taken before the callback of the one before it returns; that pop must
@@ -66,7 +43,13 @@ fn a_callback_slower_than_its_interval_pops_each_sequence_once() {
     let n = 5;
     for i in 0..n {
         // Staggered, so each pop goes out on its own (not in one batch).
-        nodes[i % 2].create(&body("1", Some("4"), &sink.uri(&format!("/slow/{i}")), 2));
+        nodes[i % 2].create(&replicated_body(
+            "1",
+            Some("4"),
+            &sink.uri(&format!("/slow/{i}")),
+            "x",
+            2,
+        ));
         std::thread::sleep(Duration::from_millis(150));
     }
     let pops = sink.wait_for(4 * n, Duration::from_secs(4) + SKEW + MARGIN * 2);
@@ -90,7 +73,13 @@ fn a_callback_lane_does_not_delay_its_own_replication_past_the_skew() {
     let sink = Sink::start(Behaviour::Slow(Duration::from_millis(10)));
     let n = 800;
     for i in 0..n {
-        nodes[0].create(&body("1", None, &sink.uri(&format!("/lane/{i}")), 2));
+        nodes[0].create(&replicated_body(
+            "1",
+            None,
+            &sink.uri(&format!("/lane/{i}")),
+            "x",
+            2,
+        ));
         std::thread::sleep(Duration::from_micros(1500));
     }
     let pops = sink.wait_for(n, Duration::from_secs(40));
@@ -124,14 +113,20 @@ fn hanging_targets_do_not_delay_other_targets_pops() {
     let healthy = Sink::start(Behaviour::Ok);
     let mut conn = Pipeline::open(node.addr);
     let bodies: Vec<String> = (0..6000)
-        .map(|i| body("1", None, &hanging[i % 4].uri(&format!("/h/{i}")), 1))
+        .map(|i| replicated_body("1", None, &hanging[i % 4].uri(&format!("/h/{i}")), "x", 1))
         .collect();
     conn.post_all(&bodies);
     // The hanging pops are now due and waiting on their targets.
     std::thread::sleep(Duration::from_millis(1500));
     let mut due = Vec::new();
     for i in 0..200 {
-        node.create(&body("0.5", None, &healthy.uri(&format!("/ok/{i}")), 1));
+        node.create(&replicated_body(
+            "0.5",
+            None,
+            &healthy.uri(&format!("/ok/{i}")),
+            "x",
+            1,
+        ));
         due.push(Instant::now() + Duration::from_millis(500));
     }
     let pops = healthy.wait_for(200, Duration::from_secs(30));
@@ -209,7 +204,7 @@ fn a_resync_listing_survives_tombstones_arriving_during_its_scan() {
     let node = Node::start_at("127.0.0.1", port, &solo);
     let mut conn = Pipeline::open(node.addr);
     let bodies: Vec<String> = (0..60_000)
-        .map(|i| body("600", None, &format!("http://127.0.0.1:9/r/{i}"), 2))
+        .map(|i| replicated_body("600", None, &format!("http://127.0.0.1:9/r/{i}"), "x", 2))
         .collect();
     conn.post_all(&bodies);
     reload_config(
@@ -348,8 +343,14 @@ fn node_with_fake_peer(extra: &str, refuse_first: bool) -> (Node, FakePeer) {
 /// Hold the peer's answers, create `first` so that its replication is in
 /// flight, and wait for the peer to have read it.
 fn jam(node: &Node, peer: &FakePeer) {
-    node.create(&body("600", None, "http://127.0.0.1:9/first", 2));
-    wait_until(Duration::from_secs(10), "the first replication", || {
+    node.create(&replicated_body(
+        "600",
+        None,
+        "http://127.0.0.1:9/first",
+        "x",
+        2,
+    ));
+    wait_until_true("the first replication", Duration::from_secs(10), || {
         peer.requests()
             .iter()
             .any(|(_, p, _)| p.starts_with("/timers/"))
@@ -369,12 +370,24 @@ fn a_replication_message_older_than_deliver_within_is_still_delivered_in_order()
     let extra = "replication-deliver-within-ms = 1000\nreplication-timeout-ms = 1000\n";
     let (node, peer) = node_with_fake_peer(extra, true);
     jam(&node, &peer);
-    let stale = node.create(&body("600", None, "http://127.0.0.1:9/stale", 2));
+    let stale = node.create(&replicated_body(
+        "600",
+        None,
+        "http://127.0.0.1:9/stale",
+        "x",
+        2,
+    ));
     // Well past deliver-within, refused (503) all along.
     std::thread::sleep(Duration::from_millis(2500));
     peer.hold.store(false, Ordering::Relaxed);
-    let fresh = node.create(&body("600", None, "http://127.0.0.1:9/fresh", 2));
-    wait_until(Duration::from_secs(10), "the fresh create", || {
+    let fresh = node.create(&replicated_body(
+        "600",
+        None,
+        "http://127.0.0.1:9/fresh",
+        "x",
+        2,
+    ));
+    wait_until_true("the fresh create", Duration::from_secs(10), || {
         peer.requests()
             .iter()
             .any(|(_, p, _)| p.contains(&fresh[..16]))
@@ -386,9 +399,9 @@ fn a_replication_message_older_than_deliver_within_is_still_delivered_in_order()
     assert!(stale_at < fresh_at, "sent out of order");
     // Refused at every try while the peer takes the others behind it:
     // given up once that has lasted deliver-within, and logged.
-    wait_until(
-        Duration::from_secs(10),
+    wait_until_true(
         "the refused message given up",
+        Duration::from_secs(10),
         || node.metric("chronos_replication_failed_total") >= 1.0,
     );
     assert!(
@@ -405,10 +418,16 @@ fn a_replication_message_sent_late_carries_the_true_start() {
     let (node, peer) = node_with_fake_peer(extra, false);
     jam(&node, &peer);
     let created = Instant::now();
-    let id = node.create(&body("600", None, "http://127.0.0.1:9/late", 2));
+    let id = node.create(&replicated_body(
+        "600",
+        None,
+        "http://127.0.0.1:9/late",
+        "x",
+        2,
+    ));
     std::thread::sleep(Duration::from_millis(1500));
     peer.hold.store(false, Ordering::Relaxed);
-    wait_until(Duration::from_secs(10), "the late create", || {
+    wait_until_true("the late create", Duration::from_secs(10), || {
         peer.requests()
             .iter()
             .any(|(_, p, _)| p.contains(&id[..16]))
@@ -441,7 +460,7 @@ fn a_post_no_node_keeps_is_refused_not_acknowledged() {
         let r = node.request(
             "POST",
             "/timers",
-            &body("600", None, &format!("http://127.0.0.1:9/q/{i}"), 1),
+            &replicated_body("600", None, &format!("http://127.0.0.1:9/q/{i}"), "x", 1),
         );
         assert!(r.status == 200 || r.status == 503, "{}", r.text());
         if r.status == 503 {
@@ -465,11 +484,17 @@ fn a_delete_withdraws_a_callback_waiting_for_its_lane() {
     let sink = Sink::start(Behaviour::Slow(Duration::from_millis(100)));
     let mut ids = Vec::new();
     for i in 0..40 {
-        ids.push(node.create(&body("1", None, &sink.uri(&format!("/d/{i}")), 1)));
+        ids.push(node.create(&replicated_body(
+            "1",
+            None,
+            &sink.uri(&format!("/d/{i}")),
+            "x",
+            1,
+        )));
     }
     // The control: queued behind every deleted one.
-    node.create(&body("1", None, &sink.uri("/control"), 1));
-    wait_until(Duration::from_secs(10), "the first pops", || {
+    node.create(&replicated_body("1", None, &sink.uri("/control"), "x", 1));
+    wait_until_true("the first pops", Duration::from_secs(10), || {
         sink.pops().len() >= 2
     });
     for id in &ids[20..] {
@@ -478,7 +503,7 @@ fn a_delete_withdraws_a_callback_waiting_for_its_lane() {
             200
         );
     }
-    wait_until(Duration::from_secs(30), "the control pop", || {
+    wait_until_true("the control pop", Duration::from_secs(30), || {
         sink.pops().iter().any(|p| p.path == "/control")
     });
     let deleted: Vec<String> = sink
@@ -508,7 +533,13 @@ fn a_replica_that_got_the_create_late_pops_on_the_original_schedule() {
     let mut first = Node::start_at("127.0.0.1", port, &cluster_config(2, 1, port, 1, extra));
     let sink = Sink::start(Behaviour::Ok);
     let created = Instant::now();
-    first.create(&body("2", Some("30"), &sink.uri("/drift"), 2));
+    first.create(&replicated_body(
+        "2",
+        Some("30"),
+        &sink.uri("/drift"),
+        "x",
+        2,
+    ));
     // The delay is the scenario: node 2 is not there yet.
     std::thread::sleep(Duration::from_secs(3));
     let _second = Node::start_at("127.0.0.2", port, &cluster_config(2, 2, port, 1, extra));
@@ -534,4 +565,154 @@ fn a_replica_that_got_the_create_late_pops_on_the_original_schedule() {
             p.sequence
         );
     }
+}
+
+/// Item 5, from a review of per-target callback admission (`pop_wait`):
+/// the share bounds each target, but the reserve (a quarter of
+/// `callback-in-flight-max`) is open to every target under its share, so
+/// hanging targets that are each under their share when the spare slots
+/// run out could take the reserve too, and at `in_flight == max` the pop
+/// loop would stop for everyone. With 4 hanging targets each is over its
+/// share by then; a tenant that picks 10 ports needs no more timers.
+/// `timers` timers over `targets` hanging targets, then 200 for a healthy
+/// one: the healthy pops' p99 lateness.
+fn healthy_p99_behind(targets: usize, timers: usize) -> Duration {
+    let node = Node::start("[runtime]\ncores = 1\n");
+    let hanging: Vec<Sink> = (0..targets).map(|_| Sink::start(Behaviour::Hang)).collect();
+    let healthy = Sink::start(Behaviour::Ok);
+    let bodies: Vec<String> = (0..timers)
+        .map(|i| {
+            replicated_body(
+                "1",
+                None,
+                &hanging[i % targets].uri(&format!("/h/{i}")),
+                "x",
+                1,
+            )
+        })
+        .collect();
+    Pipeline::open(node.addr).post_all(&bodies);
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut due = Vec::new();
+    for i in 0..200 {
+        node.create(&replicated_body(
+            "0.5",
+            None,
+            &healthy.uri(&format!("/ok/{i}")),
+            "x",
+            1,
+        ));
+        due.push(Instant::now() + Duration::from_millis(500));
+    }
+    let pops = healthy.wait_for(200, Duration::from_secs(60));
+    assert_eq!(pops.len(), 200, "every healthy timer pops");
+    p99_late(&pops, &due)
+}
+
+/// 10 hanging targets, 800 timers each.
+#[test]
+fn review_ten_hanging_targets_do_not_delay_other_targets_pops() {
+    let p99 = healthy_p99_behind(10, 8000);
+    eprintln!("10 hanging targets: healthy p99 {p99:?} late");
+    assert!(
+        p99 < Duration::from_millis(1000),
+        "healthy pops p99 {p99:?} late behind 10 hanging targets"
+    );
+}
+
+/// The control: the same 8000 timers over 4 hanging targets (as in
+/// `hanging_targets_do_not_delay_other_targets_pops`): each is over its share when the spare slots run out,
+/// so the reserve stays free for the healthy target.
+#[test]
+fn review_control_four_hanging_targets() {
+    let p99 = healthy_p99_behind(4, 8000);
+    eprintln!("4 hanging targets: healthy p99 {p99:?} late");
+    assert!(
+        p99 < Duration::from_millis(1000),
+        "healthy pops p99 {p99:?} late behind 4 hanging targets"
+    );
+}
+
+/// From a review: `Shard::send_pop` (src/shard/replication.rs) replicates the
+/// *stored* copy when its sequence equals the pop's, "a final pop's
+/// tombstone included". If the stored copy became a tombstone of the same
+/// incarnation while a non-final pop's callback was in flight (a resync
+/// tombstones old replicas with the listed version and sequence), the
+/// pop's success replicates that tombstone to the timer's replicas, where
+/// it beats their live copy at the tie: a repeating timer with pops to go
+/// is deleted cluster-wide. Here the resync's tombstone is played by a
+/// `PUT` of the node's own listing entry with an empty callback, exactly
+/// as `a_resync_listing_survives_tombstones_arriving_during_its_scan` does.
+#[test]
+fn review_a_non_final_pop_never_replicates_a_tombstone() {
+    tombstone_during_pop_1(true);
+}
+
+/// The control: the same tombstone after pop 1's callback ended (its
+/// replication carried the live copy); the backup goes on popping.
+#[test]
+fn review_control_tombstone_after_the_callback() {
+    tombstone_during_pop_1(false);
+}
+
+fn tombstone_during_pop_1(in_flight: bool) {
+    let nodes = start_cluster(2, 1, "");
+    let port = nodes[0].addr.port();
+    let sink = Sink::start(Behaviour::Slow(Duration::from_millis(1000)));
+    let body = replicated_body("3", Some("60"), &sink.uri("/t"), "x", 2);
+    let t0 = Instant::now();
+    let id = nodes[0].create(&body);
+    let view = view_id(&nodes[0]);
+    // The timer's entry as node `from` lists it for node `to`.
+    let entry = |from: usize, to: usize| -> serde_json::Value {
+        let list = format!(
+            "/timers?node-for-replicas=127.0.0.{}:{port}&cluster-view-id={view}&all-views=true",
+            to + 1
+        );
+        let r = nodes[from].request("GET", &list, "");
+        assert!(r.status == 200 || r.status == 206, "{}", r.text());
+        let page: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        page["timers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["TimerID"].as_str().unwrap()[..16] == id[..16])
+            .cloned()
+            .expect("the timer is listed")
+    };
+    let replicas = entry(0, 1)["Timer"]["reliability"]["replicas"].clone();
+    let primary = if replicas[0].as_str().unwrap().starts_with("127.0.0.1:") {
+        0
+    } else {
+        1
+    };
+    // Pop 1 (3 s) is on the wire for 1 s: the primary's copy now has
+    // sequence 1. A tombstone of that incarnation arrives meanwhile.
+    let pops = sink.wait_for(1, Duration::from_secs(10));
+    assert_eq!(pops.len(), 1);
+    if !in_flight {
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let e = entry(primary, 1 - primary);
+    assert_eq!(
+        e["Timer"]["timing"]["sequence-number"].as_u64(),
+        Some(1),
+        "{e}"
+    );
+    let mut tomb = e["Timer"].clone();
+    tomb["callback"] = serde_json::json!({});
+    let path = format!("/timers/{}", e["TimerID"].as_str().unwrap());
+    let r = nodes[primary].request("PUT", &path, &tomb.to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        !in_flight || pops[0].at.elapsed() < Duration::from_millis(900),
+        "the tombstone arrived while pop 1's callback was in flight"
+    );
+    // Pops 2 and 3 are due at 6 s and 9 s (+2 s from the backup).
+    sleep_until(t0 + Duration::from_secs(14));
+    let seqs: Vec<u32> = sink.pops().iter().map(|p| p.sequence).collect();
+    assert!(
+        seqs.contains(&2) && seqs.contains(&3),
+        "the repeating timer stopped after pop 1: sequences {seqs:?}"
+    );
 }

@@ -9,7 +9,6 @@ mod common;
 
 use common::*;
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const TIMERS: usize = 100;
@@ -20,10 +19,6 @@ const INTERVAL_S: u64 = 10;
 /// replica skew (a backup may pop after a kill), and a margin.
 const POP_WITHIN: Duration = Duration::from_secs(INTERVAL_S + 2 + 8);
 
-fn addr(i: usize, port: u16) -> String {
-    format!("\"127.0.0.{i}:{port}\"")
-}
-
 /// Timers per resync page: small, so that every listing spans pages and
 /// continues from its cursor.
 const PAGE_TIMERS: usize = 7;
@@ -32,19 +27,13 @@ const PAGE_TIMERS: usize = 7;
 /// Odd nodes run two shards (a page merges both shards' parts), even
 /// nodes one.
 fn config(i: usize, port: u16, nodes: &[usize], joining: &[usize], leaving: &[usize]) -> String {
-    let list = |l: &[usize]| {
-        l.iter()
-            .map(|&k| addr(k, port))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     format!(
         "[runtime]\ncores = {}\n[cluster]\nlocalhost = {}\nnode = [{}]\njoining = [{}]\nleaving = [{}]\nresync-page-timers = {PAGE_TIMERS}\n",
         1 + i % 2,
-        addr(i, port),
-        list(nodes),
-        list(joining),
-        list(leaving)
+        member_addr(i, port),
+        member_list(nodes, port),
+        member_list(joining, port),
+        member_list(leaving, port)
     )
 }
 
@@ -59,43 +48,7 @@ fn start(i: usize, port: u16, nodes: &[usize], joining: &[usize], leaving: &[usi
 /// Rewrite a node's config, SIGHUP it, and wait until the node reports
 /// the new cluster view in `GET /cluster`.
 fn reload(node: &Node, i: usize, port: u16, nodes: &[usize], joining: &[usize], leaving: &[usize]) {
-    let before = view_id(node);
-    std::fs::write(node.config_path(), config(i, port, nodes, joining, leaving)).unwrap();
-    node.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while view_id(node) == before {
-        assert!(Instant::now() < deadline, "no reload:\n{}", node.log_text());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn cluster_json(node: &Node) -> serde_json::Value {
-    let r = node.request("GET", "/cluster", "");
-    assert_eq!(r.status, 200, "{}", r.text());
-    serde_json::from_slice(&r.body).unwrap()
-}
-
-fn view_id(node: &Node) -> String {
-    cluster_json(node)["cluster-view-id"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-/// `chronos resync --wait` against a node: it returns once the node's
-/// resync is complete, with status 0.
-fn resync_cli(node: &Node) {
-    let out = Command::new(env!("CARGO_BIN_EXE_chronos"))
-        .args(["resync", "--wait", "--address", &node.addr.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "chronos resync --wait: {:?}\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        node.log_text()
-    );
+    reload_view(node, &config(i, port, nodes, joining, leaving));
 }
 
 /// SIGUSR1 (`service chronos resync`), then wait for `GET /cluster` to
@@ -121,9 +74,8 @@ fn resync_usr1(node: &Node) {
 }
 
 fn timer(uri: &str, interval: u64, repeat_for: u64) -> String {
-    format!(
-        r#"{{"timing":{{"interval":{interval},"repeat-for":{repeat_for}}},"callback":{{"http":{{"uri":"{uri}","opaque":"x"}}}},"reliability":{{"replication-factor":2}}}}"#
-    )
+    let repeat_for = repeat_for.to_string();
+    replicated_body(&interval.to_string(), Some(&repeat_for), uri, "x", 2)
 }
 
 /// Create the 100 one-shot timers on `node`, calling back on `/t/<i>`.
@@ -204,17 +156,6 @@ fn two_and_two_joining(port: u16) -> Vec<Node> {
         .collect()
 }
 
-/// Wait until every node's replication queues are drained.
-fn settle<'a>(nodes: impl IntoIterator<Item = &'a Node>) {
-    for node in nodes {
-        node.wait_replication_settled(Duration::from_secs(5));
-    }
-}
-
-fn live(node: &Node) -> f64 {
-    node.metric("chronos_timers_pending") - node.metric("chronos_tombstones")
-}
-
 /// 2 → 4: nodes 3 and 4 join; after the resync each timer is live on
 /// exactly its replicas under the four-node view, before any pop.
 #[test]
@@ -235,15 +176,15 @@ fn scale_up_two_to_four() {
     for node in &nodes {
         resync_cli(node);
     }
-    settle(&nodes);
+    wait_settled(&nodes);
     assert!(
         Instant::now() < created + Duration::from_secs(INTERVAL_S),
         "the scaling steps took longer than the interval"
     );
-    let total: f64 = nodes.iter().map(live).sum();
+    let total: f64 = nodes.iter().map(Node::live_timers).sum();
     assert_eq!(total, 2.0 * TIMERS as f64, "two live copies of each timer");
     assert!(
-        live(&nodes[2]) > 0.0 && live(&nodes[3]) > 0.0,
+        nodes[2].live_timers() > 0.0 && nodes[3].live_timers() > 0.0,
         "the new nodes hold timers"
     );
     assert!(nodes[2].metric("chronos_resync_added_total") > 0.0);
@@ -265,10 +206,13 @@ fn scale_down_four_to_two_then_kill_the_leavers() {
     }
     resync_usr1(&nodes[0]);
     resync_usr1(&nodes[1]);
-    settle(&nodes);
+    wait_settled(&nodes);
     nodes[2].kill9();
     nodes[3].kill9();
-    assert_eq!(live(&nodes[0]) + live(&nodes[1]), 2.0 * TIMERS as f64);
+    assert_eq!(
+        nodes[0].live_timers() + nodes[1].live_timers(),
+        2.0 * TIMERS as f64
+    );
     assert_popped_once(&sink, created, &[&nodes[0], &nodes[1]]);
 }
 
@@ -292,10 +236,13 @@ fn scale_up_then_the_original_two_leave() {
     }
     resync_cli(&nodes[2]);
     resync_cli(&nodes[3]);
-    settle(&nodes);
+    wait_settled(&nodes);
     nodes[0].kill9();
     nodes[1].kill9();
-    assert_eq!(live(&nodes[2]) + live(&nodes[3]), 2.0 * TIMERS as f64);
+    assert_eq!(
+        nodes[2].live_timers() + nodes[3].live_timers(),
+        2.0 * TIMERS as f64
+    );
     assert_popped_once(&sink, created, &[&nodes[2], &nodes[3]]);
 }
 
@@ -312,7 +259,11 @@ fn scale_up_one_to_two_then_kill_the_original() {
     resync_cli(&first);
     resync_cli(&second);
     second.wait_replication_settled(Duration::from_secs(5));
-    assert_eq!(live(&second), TIMERS as f64, "node 2 holds every timer");
+    assert_eq!(
+        second.live_timers(),
+        TIMERS as f64,
+        "node 2 holds every timer"
+    );
     // The bulk work of both sides (pages served, pages applied) was
     // measured in stretches between breaths (`GET /cluster`).
     for node in [&first, &second] {
@@ -359,7 +310,11 @@ fn a_restarted_node_takes_its_timers_back() {
         assert!(Instant::now() < deadline, "no start-up resync: {c}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(live(&second), TIMERS as f64, "node 2 restored every timer");
+    assert_eq!(
+        second.live_timers(),
+        TIMERS as f64,
+        "node 2 restored every timer"
+    );
     first.kill9();
     assert_popped_once(&sink, created, &[&second]);
 }
@@ -492,14 +447,14 @@ fn timers_moved_by_a_resync_then_deleted_with_their_old_ids_never_pop() {
             n1.create(&timer(&sink.uri(&path), INTERVAL_S, INTERVAL_S))
         })
         .collect();
-    settle([&n1]);
+    wait_settled([&n1]);
     reload(&n1, 1, port, &[1, 2], &[3], &[]);
     reload(&n2, 2, port, &[1, 2], &[3], &[]);
     for node in [&n1, &n2, &n3] {
         resync_cli(node);
     }
-    settle([&n1, &n2, &n3]);
-    assert!(live(&n3) > 0.0, "the resync moved timers to node 3");
+    wait_settled([&n1, &n2, &n3]);
+    assert!(n3.live_timers() > 0.0, "the resync moved timers to node 3");
     for id in ids.iter().step_by(2) {
         assert_eq!(
             n2.request("DELETE", &format!("/timers/{id}"), "").status,
@@ -510,8 +465,8 @@ fn timers_moved_by_a_resync_then_deleted_with_their_old_ids_never_pop() {
         Instant::now() < created + Duration::from_secs(INTERVAL_S),
         "slower than the interval"
     );
-    settle([&n1, &n2, &n3]);
-    assert!(live(&n3) > 0.0, "node 3 holds moved control timers");
+    wait_settled([&n1, &n2, &n3]);
+    assert!(n3.live_timers() > 0.0, "node 3 holds moved control timers");
     // The controls pop, and then no node holds a live copy of any timer:
     // a deleted one can no longer pop.
     assert_popped_once_among(&sink, created, "/k/", 30, &[&n1, &n2, &n3]);

@@ -55,9 +55,7 @@ fn single_node_sites(n: usize, across: bool) -> Vec<Node> {
 }
 
 fn timer(uri: &str) -> String {
-    format!(
-        r#"{{"timing":{{"interval":{INTERVAL_S}}},"callback":{{"http":{{"uri":"{uri}","opaque":"g"}}}}}}"#
-    )
+    timer_body(&INTERVAL_S.to_string(), None, uri, "g")
 }
 
 fn create(node: &Node, sink: &Sink, path: &str, count: usize) -> Vec<String> {

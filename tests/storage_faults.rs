@@ -56,16 +56,15 @@ fn wal_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn run(cmd: &str, args: &[&str]) {
+/// Run `cmd` with `args`; fail unless it exits 0.
+fn run_ok(cmd: &str, args: &[&str]) {
     let status = Command::new(cmd).args(args).status().unwrap();
     assert!(status.success(), "{cmd} {args:?}: {status:?}");
 }
 
-fn body(interval: u64, path: &str, sink: &Sink, opaque: &str) -> String {
-    format!(
-        r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"{}","opaque":"{opaque}"}}}}}}"#,
-        sink.uri(path)
-    )
+/// A timer body for the path `path` of `sink`.
+fn sink_body(interval: u64, path: &str, sink: &Sink, opaque: &str) -> String {
+    timer_body(&interval.to_string(), None, &sink.uri(path), opaque)
 }
 
 /// Reproduction 1: B's segments are made unwritable and B is restarted.
@@ -84,7 +83,7 @@ fn a_node_whose_log_cannot_be_written_stops_and_pops_nothing() {
     let b = Node::start_at("127.0.0.2", port, &config(2));
     let sink = Sink::start(Behaviour::Ok);
     let ids: Vec<String> = (0..20)
-        .map(|i| a.create(&body(8, &format!("/t/{i}"), &sink, "x")))
+        .map(|i| a.create(&sink_body(8, &format!("/t/{i}"), &sink, "x")))
         .collect();
     let created = Instant::now();
     a.wait_replication_settled(Duration::from_secs(10));
@@ -93,7 +92,7 @@ fn a_node_whose_log_cannot_be_written_stops_and_pops_nothing() {
     wal_files(&dirs[1].0, &mut wals);
     assert!(!wals.is_empty(), "B has log segments");
     for wal in &wals {
-        run("chattr", &["+i", wal.to_str().unwrap()]);
+        run_ok("chattr", &["+i", wal.to_str().unwrap()]);
     }
     let mut b = Node::spawn_in(None, "127.0.0.2", port, &config(2), &[]);
     let status = b.wait_exit(Duration::from_secs(20));
@@ -134,7 +133,7 @@ impl Tmpfs {
     fn mount(name: &str, bytes: u64) -> Tmpfs {
         let dir = Dir::new(name);
         let size = format!("size={bytes}");
-        run(
+        run_ok(
             "mount",
             &["-t", "tmpfs", "-o", &size, "tmpfs", dir.0.to_str().unwrap()],
         );
@@ -158,7 +157,7 @@ fn a_full_disk_stops_the_node_and_loses_no_answered_change() {
     let store = fs.0 .0.join("store");
     // Room for the first segment (1 MiB) and a little more, not a second.
     let filler = fs.0 .0.join("filler");
-    run("fallocate", &["-l", "4608K", filler.to_str().unwrap()]);
+    run_ok("fallocate", &["-l", "4608K", filler.to_str().unwrap()]);
     let config = format!(
         "[runtime]\ncores = 1\n[storage]\npath = \"{}\"\nsegment-bytes = 1048576\ncompact-log-bytes = 1073741824\nfree-bytes-min = 0\n",
         store.display()
@@ -174,7 +173,7 @@ fn a_full_disk_stops_the_node_and_loses_no_answered_change() {
             "POST",
             "/timers",
             &[],
-            body(30, &format!("/f/{i}"), &sink, "f").as_bytes(),
+            sink_body(30, &format!("/f/{i}"), &sink, "f").as_bytes(),
         ) else {
             break;
         };
@@ -225,7 +224,7 @@ fn sync_none_loses_nothing_answered_to_a_kill_9() {
     node.wait_ready_200(Duration::from_secs(20));
     let sink = Sink::start(Behaviour::Ok);
     for i in 0..300 {
-        node.create(&body(600, &format!("/n/{i}"), &sink, "n"));
+        node.create(&sink_body(600, &format!("/n/{i}"), &sink, "n"));
     }
     node.kill9();
     let node = Node::start_at("127.0.0.1", port, &config);
@@ -253,16 +252,16 @@ fn below_the_reserve_creates_are_refused_and_deletes_and_pops_go_on() {
     node.wait_ready_200(Duration::from_secs(20));
     let sink = Sink::start(Behaviour::Ok);
     let ids: Vec<String> = (0..20)
-        .map(|i| node.create(&body(600, &format!("/r/{i}"), &sink, "r")))
+        .map(|i| node.create(&sink_body(600, &format!("/r/{i}"), &sink, "r")))
         .collect();
-    let soon = node.create(&body(3, "/soon", &sink, "s"));
+    let soon = node.create(&sink_body(3, "/soon", &sink, "s"));
     // Leave about 2 MiB free: below the reserve, above what a write needs.
     let filler = fs.0 .0.join("filler");
     let free = node.metric("chronos_storage_free_bytes") as u64;
     let fill = format!("{}", free.saturating_sub(2 << 20));
-    run("fallocate", &["-l", &fill, filler.to_str().unwrap()]);
+    run_ok("fallocate", &["-l", &fill, filler.to_str().unwrap()]);
     let refused = wait_until("a create refused", Duration::from_secs(10), || {
-        let r = node.request("POST", "/timers", &body(600, "/x", &sink, "x"));
+        let r = node.request("POST", "/timers", &sink_body(600, "/x", &sink, "x"));
         match r.status {
             503 => Ok(r.text()),
             s => Err(format!("{s}")),
@@ -272,7 +271,7 @@ fn below_the_reserve_creates_are_refused_and_deletes_and_pops_go_on() {
     let r = node.request(
         "PUT",
         &format!("/timers/{}", ids[0]),
-        &body(600, "/u", &sink, "u"),
+        &sink_body(600, "/u", &sink, "u"),
     );
     assert_eq!(r.status, 503, "an update too: {}", r.text());
     for id in &ids[..10] {
@@ -284,7 +283,7 @@ fn below_the_reserve_creates_are_refused_and_deletes_and_pops_go_on() {
     assert_eq!(pops[0].path, "/soon", "{soon}");
     std::fs::remove_file(&filler).unwrap();
     wait_until("a create taken again", Duration::from_secs(10), || {
-        let r = node.request("POST", "/timers", &body(600, "/y", &sink, "y"));
+        let r = node.request("POST", "/timers", &sink_body(600, "/y", &sink, "y"));
         match r.status {
             200 => Ok(()),
             s => Err(format!("{s} {}", r.text())),

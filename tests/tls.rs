@@ -1,136 +1,21 @@
 //! TLS (issue 23): the listener over TLS on both socket drivers, the
-//! handshake's deadline, start-up errors for bad files, and the
-//! certificate's reload on SIGHUP. Certificates are made here (rcgen) and
-//! written to a temporary directory; the client is rustls over std sockets.
+//! handshake's deadline, start-up errors for bad files, the certificate's
+//! reload on SIGHUP, `https://` callbacks, idle TLS connections closed,
+//! and `chronos status` over TLS. Certificates are made by the test (rcgen,
+//! `common/tls.rs`) and written to a temporary directory; the client is
+//! rustls over std sockets. A cluster over TLS is in `tls_cluster.rs`.
 
 mod common;
 
+use common::tls::*;
 use common::*;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use rustls::{ClientConnection, StreamOwned};
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A test certificate authority and the files it issues.
-struct Pki {
-    dir: PathBuf,
-    ca: rcgen::Certificate,
-    ca_key: rcgen::KeyPair,
-}
-
-impl Pki {
-    fn new(name: &str) -> Pki {
-        let dir = std::env::temp_dir().join(format!("chronos-tls-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("chronos test CA {name}"));
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let ca = params.self_signed(&ca_key).unwrap();
-        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
-        Pki { dir, ca, ca_key }
-    }
-
-    fn ca_path(&self) -> String {
-        self.dir.join("ca.pem").display().to_string()
-    }
-
-    /// A leaf for `sans` (IP literals become IP SANs), signed by this CA;
-    /// writes `name.crt` and `name.key`, returns their paths and the DER.
-    fn issue(&self, name: &str, sans: &[&str]) -> (String, String, Vec<u8>) {
-        let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
-        let mut params = rcgen::CertificateParams::new(sans).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
-        let (c, k) = (
-            self.dir.join(format!("{name}.crt")),
-            self.dir.join(format!("{name}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (
-            c.display().to_string(),
-            k.display().to_string(),
-            cert.der().to_vec(),
-        )
-    }
-
-    /// A client that trusts this CA only.
-    fn client(&self) -> Arc<ClientConfig> {
-        let mut roots = RootCertStore::empty();
-        roots
-            .add(CertificateDer::from(self.ca.der().to_vec()))
-            .unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        Arc::new(
-            ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_root_certificates(roots)
-                .with_no_client_auth(),
-        )
-    }
-}
-
-/// One request over a new TLS connection; the response and the server's
-/// leaf certificate.
-fn tls_try(
-    addr: SocketAddr,
-    client: &Arc<ClientConfig>,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> std::io::Result<(Response, Vec<u8>)> {
-    let sock = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let name = ServerName::IpAddress(addr.ip().into());
-    let conn = ClientConnection::new(client.clone(), name).map_err(std::io::Error::other)?;
-    let mut tls = StreamOwned::new(conn, sock);
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    tls.write_all(req.as_bytes())?;
-    let response = read_response(&mut BufReader::new(&mut tls))?;
-    let leaf = tls.conn.peer_certificates().map(|c| c[0].to_vec());
-    Ok((response, leaf.unwrap_or_default()))
-}
-
-fn tls_request(
-    addr: SocketAddr,
-    client: &Arc<ClientConfig>,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> Response {
-    tls_try(addr, client, method, path, body)
-        .expect("TLS request")
-        .0
-}
-
-/// Start a node whose listener speaks TLS with `cert`/`key`, and wait
-/// until it answers `/ping` over TLS.
-fn start_tls(client: &Arc<ClientConfig>, cert: &str, key: &str, extra: &str) -> Node {
-    let config = format!("[http]\ntls-certificate = {cert:?}\ntls-private-key = {key:?}\n{extra}");
-    start_tls_at(client, "127.0.0.1", free_port(), &config, &[])
-}
-
-fn metric(addr: SocketAddr, client: &Arc<ClientConfig>, name: &str) -> f64 {
-    let text = tls_request(addr, client, "GET", "/metrics", "").text();
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 #[test]
 fn timers_are_created_read_replaced_and_deleted_over_tls_on_both_drivers() {
@@ -174,7 +59,7 @@ fn timers_are_created_read_replaced_and_deleted_over_tls_on_both_drivers() {
             !raw.starts_with(b"HTTP/1.1"),
             "plain answer on the TLS port: {raw:?}"
         );
-        assert!(metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
+        assert!(tls_metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
         node.terminate();
     }
 }
@@ -199,7 +84,7 @@ fn a_handshake_that_does_not_finish_is_closed_within_the_header_timeout() {
         took >= Duration::from_millis(400) && took < Duration::from_secs(5),
         "closed after {took:?}"
     );
-    assert!(metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
+    assert!(tls_metric(node.addr, &client, "chronos_tls_handshakes_failed") >= 1.0);
     // A client that trusts another CA is refused by its own verifier; the
     // node is not hurt and still serves the trusting client.
     let other = Pki::new("slow-other").client();
@@ -527,195 +412,6 @@ fn an_https_target_with_a_certificate_from_another_ca_fails_its_callbacks_with_t
         }
     });
     assert!(wrong.pops.lock().unwrap().is_empty());
-}
-
-/// Start a node on `ip:port` with `config`, waiting for `/ping` over TLS.
-fn start_tls_at(
-    client: &Arc<ClientConfig>,
-    ip: &str,
-    port: u16,
-    config: &str,
-    env: &[(&str, &str)],
-) -> Node {
-    let mut node = Node::spawn_in(None, ip, port, config, env);
-    let addr = node.addr;
-    wait_until("/ping over TLS", Duration::from_secs(20), || {
-        if let Ok(Some(status)) = node.child.try_wait() {
-            panic!(
-                "chronos exited ({status}) at start; log:\n{}",
-                node.log_text()
-            );
-        }
-        match tls_try(addr, client, "GET", "/ping", "") {
-            Ok((r, _)) if r.status == 200 => Ok(()),
-            Ok((r, _)) => Err(format!("{}", r.status)),
-            Err(e) => Err(e.to_string()),
-        }
-    });
-    node
-}
-
-/// Node `i` of an `n`-node TLS cluster on 127.0.0.1..=n: its certificate
-/// (IP SAN) from `own`, peers verified against `trusted`'s CA; `mutual`:
-/// it presents its certificate to its peers too.
-fn tls_node_config(
-    own: &Pki,
-    trusted: &Pki,
-    n: usize,
-    i: usize,
-    port: u16,
-    mutual: bool,
-) -> String {
-    let ip = format!("127.0.0.{i}");
-    let (cert, key, _) = own.issue(&format!("node{i}"), &[&ip]);
-    let ca = trusted.ca_path();
-    let client = match mutual {
-        true => format!("tls-client-certificate = {cert:?}\ntls-client-private-key = {key:?}\n"),
-        false => String::new(),
-    };
-    let extra = format!(
-        "tls = true\ntls-ca-file = {ca:?}\n{client}[http]\ntls-certificate = {cert:?}\ntls-private-key = {key:?}\n"
-    );
-    cluster_config(n, i, port, 1, &extra)
-}
-
-fn cluster_body(interval: &str, uri: &str, factor: u32) -> String {
-    format!(
-        r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"{uri}","opaque":"x"}}}},"reliability":{{"replication-factor":{factor}}}}}"#
-    )
-}
-
-#[test]
-fn a_mutual_tls_cluster_replicates_and_a_replica_pops_after_the_first_node_is_killed() {
-    let pki = Pki::new("cluster");
-    let client = pki.client();
-    let port = cluster_port(3);
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|i| {
-            let config = tls_node_config(&pki, &pki, 3, i, port, true);
-            start_tls_at(&client, &format!("127.0.0.{i}"), port, &config, &[])
-        })
-        .collect();
-    // The last node's start-up restore (resync GETs to the two others,
-    // an internal route) goes over mutual TLS without a refusal.
-    wait_until("the restore over TLS", Duration::from_secs(20), || {
-        let log = nodes[2].log_text();
-        if log.contains("restore complete") {
-            Ok(())
-        } else {
-            Err(log)
-        }
-    });
-    for node in &nodes {
-        // A refusal reads "refused with 403" or "answered 403": a status
-        // after a space (timestamps, the port, IDs may hold the digits).
-        let log = node.log_text().replace(&format!(":{port}"), ":PORT");
-        assert!(
-            !log.contains(" 403") && !log.contains("TLS handshake"),
-            "{log}"
-        );
-    }
-    let sink = Sink::start(Behaviour::Ok);
-    let n = 20;
-    for i in 0..n {
-        let body = cluster_body("3", &sink.uri(&format!("/k/{i}")), 2);
-        let r = tls_request(nodes[0].addr, &client, "POST", "/timers", &body);
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
-    let first = nodes[0].addr;
-    wait_until(
-        "replication settled over TLS",
-        Duration::from_secs(10),
-        || {
-            let queued = metric(first, &client, "chronos_replication_enqueued_total");
-            let sent = metric(first, &client, "chronos_replication_sent_total");
-            let failed = metric(first, &client, "chronos_replication_failed_total");
-            assert_eq!(failed, 0.0, "{}", nodes[0].log_text());
-            if queued >= n as f64 && sent >= queued {
-                Ok(())
-            } else {
-                Err(format!("{sent} of {queued}"))
-            }
-        },
-    );
-    // A client without a certificate is refused the internal routes.
-    let forged = tls_request(
-        nodes[1].addr,
-        &client,
-        "GET",
-        "/timers?node-for-replicas=127.0.0.9:1",
-        "",
-    );
-    assert_eq!(forged.status, 403, "{}", forged.text());
-    nodes[0].kill9();
-    let pops = sink.wait_for(n, Duration::from_secs(3 + 2 + 6));
-    let mut paths: Vec<String> = pops.iter().map(|p| p.path.clone()).collect();
-    paths.sort();
-    paths.dedup();
-    assert_eq!(paths.len(), n, "every timer pops from a replica: {paths:?}");
-}
-
-#[test]
-fn a_peer_with_a_certificate_from_another_ca_gets_no_replication() {
-    let good = Pki::new("peer-good");
-    let bad = Pki::new("peer-bad");
-    let port = cluster_port(2);
-    // At the default level: the refusal shows at warn.
-    let env = [];
-    let first = tls_node_config(&good, &good, 2, 1, port, false);
-    let second = tls_node_config(&bad, &good, 2, 2, port, false);
-    let n1 = start_tls_at(&good.client(), "127.0.0.1", port, &first, &env);
-    let n2 = start_tls_at(&bad.client(), "127.0.0.2", port, &second, &env);
-    let sink = Sink::start(Behaviour::Ok);
-    for i in 0..5 {
-        let body = cluster_body("30", &sink.uri(&format!("/p/{i}")), 2);
-        let r = tls_request(n1.addr, &good.client(), "POST", "/timers", &body);
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
-    wait_until("the refusal logged", Duration::from_secs(15), || {
-        let log = n1.log_text();
-        if log.contains("TLS handshake with 127.0.0.2") && log.contains("UnknownIssuer") {
-            Ok(())
-        } else {
-            Err(log)
-        }
-    });
-    let (queued, sent) = (
-        metric(
-            n1.addr,
-            &good.client(),
-            "chronos_replication_enqueued_total",
-        ),
-        metric(n1.addr, &good.client(), "chronos_replication_sent_total"),
-    );
-    assert!(queued >= 5.0 && sent == 0.0, "queued {queued}, sent {sent}");
-    assert!(metric(n1.addr, &good.client(), "chronos_replication_retried_total") >= 1.0);
-    assert_eq!(
-        metric(n2.addr, &bad.client(), "chronos_replication_received_total"),
-        0.0
-    );
-}
-
-#[test]
-fn cluster_tls_without_a_listener_certificate_is_refused_at_start() {
-    let pki = Pki::new("half");
-    let ca = pki.ca_path();
-    let mut node = Node::spawn_in(
-        None,
-        "127.0.0.1",
-        free_port(),
-        &format!("[cluster]\ntls = true\ntls-ca-file = {ca:?}\n"),
-        &[],
-    );
-    let status = node
-        .wait_exit(Duration::from_secs(20))
-        .expect("the start fails");
-    let log = node.log_text();
-    assert_eq!(status.code(), Some(2), "{log}");
-    assert!(
-        log.contains("[cluster] tls = true needs [http] tls-certificate"),
-        "{log}"
-    );
 }
 
 /// The second review: a TLS client that sends records carrying no plaintext (TLS

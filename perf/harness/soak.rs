@@ -1921,7 +1921,7 @@ struct Verdict {
 /// may pop (the old version) within a replication retry backoff (2 s) of
 /// the answer. Such pops are counted apart; a change undone by a restart
 /// pops later than this (the node has to come back first), and
-/// tests/durable.rs checks that case on its own.
+/// tests/durable_cluster.rs checks that case on its own.
 const REPLICATION_LAG_US: u64 = 2_500_000;
 
 /// Requests of one kind by outcome.

@@ -1,8 +1,29 @@
 //! Test support: start the real `chronos` binary on a free loopback port,
 //! talk to it over plain TCP, and receive its callbacks on a real sink.
+//! The helpers more than one test file needs live here and beside it, by
+//! concern: `cli.rs` (the binary run as a command), `cluster.rs` (loopback
+//! clusters, reloads, idleness), `durable.rs` (the durable log's tests),
+//! `metrics.rs` (what `/metrics` says), `proxy.rs` (a TCP proxy of the
+//! test's own), `queue.rs` (the delay queue's broker, topics and table),
+//! `tls.rs` (a test CA, requests over TLS). A helper one file alone uses
+//! stays in that file.
 #![allow(dead_code)]
 
+pub mod cli;
+pub mod cluster;
+pub mod durable;
+pub mod metrics;
+pub mod proxy;
 pub mod queue;
+pub mod tls;
+
+// Not every test file uses every part of the harness.
+#[allow(unused_imports)]
+pub use cli::*;
+#[allow(unused_imports)]
+pub use cluster::*;
+#[allow(unused_imports)]
+pub use metrics::*;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -25,6 +46,9 @@ pub struct Node {
     pub child: Child,
     pub addr: SocketAddr,
     pub log: std::path::PathBuf,
+    /// The `[cluster] shared-secret` the harness's own reads (`/metrics`,
+    /// `/cluster`: [`Node::get`]) carry; `None` for a node without one.
+    pub secret: Option<String>,
 }
 
 impl Node {
@@ -91,6 +115,7 @@ impl Node {
             child,
             addr: format!("{ip}:{port}").parse().unwrap(),
             log,
+            secret: None,
         }
     }
 
@@ -154,6 +179,25 @@ impl Node {
         request(self.addr, method, path, &[], body.as_bytes())
     }
 
+    /// The same node, its admin routes read with `secret` from now on (a
+    /// node started with `[cluster] shared-secret`).
+    pub fn with_secret(mut self, secret: &str) -> Node {
+        self.secret = Some(secret.to_string());
+        self
+    }
+
+    /// `GET path` as the harness reads the node: with its secret, if it
+    /// has one ([`Node::with_secret`]). A test's own requests, with or
+    /// without a secret, use [`Node::request`] or [`request`].
+    pub fn get(&self, path: &str) -> Response {
+        let bearer = self.secret.as_ref().map(|s| format!("Bearer {s}"));
+        let auth: Vec<(&str, &str)> = bearer
+            .iter()
+            .map(|b| ("Authorization", b.as_str()))
+            .collect();
+        request(self.addr, "GET", path, &auth, b"")
+    }
+
     /// Create a timer; returns its ID.
     pub fn create(&self, body: &str) -> String {
         let r = self.request("POST", "/timers", body);
@@ -170,37 +214,6 @@ impl Node {
     pub fn kill9(&mut self) {
         self.signal(libc::SIGKILL);
         let _ = self.child.wait();
-    }
-
-    /// The value of a metric line (`name` or `name{labels}`) from `/metrics`.
-    pub fn metric(&self, name: &str) -> f64 {
-        let text = self.request("GET", "/metrics", "").text();
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)
-                    .and_then(|rest| rest.strip_prefix(' '))
-                    .and_then(|v| v.trim().parse().ok())
-            })
-            .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
-    }
-
-    /// Wait until every replication message this node queued has been
-    /// answered or given up on (sent + failed == enqueued).
-    pub fn wait_replication_settled(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let queued = self.metric("chronos_replication_enqueued_total");
-            let done = self.metric("chronos_replication_sent_total")
-                + self.metric("chronos_replication_failed_total");
-            if done >= queued {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "replication did not settle: {done} of {queued}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 
     /// SIGTERM, and the exit status.
@@ -516,6 +529,40 @@ pub fn timer_body(interval: &str, repeat_for: Option<&str>, uri: &str, opaque: &
     )
 }
 
+/// A timer body for `uri` with `"reliability": {"replication-factor":
+/// factor}`.
+pub fn replicated_body(
+    interval: &str,
+    repeat_for: Option<&str>,
+    uri: &str,
+    opaque: &str,
+    factor: u32,
+) -> String {
+    let body = timer_body(interval, repeat_for, uri, opaque);
+    let body = body.strip_suffix('}').expect("a JSON object");
+    format!(r#"{body},"reliability":{{"replication-factor":{factor}}}}}"#)
+}
+
+/// A timer body due every `interval_s` seconds for `uri`, with its own
+/// replication factor if `factor` is given (else the node's default).
+pub fn timer_body_factor(interval_s: u64, uri: &str, opaque: &str, factor: Option<u32>) -> String {
+    let interval = interval_s.to_string();
+    match factor {
+        Some(f) => replicated_body(&interval, None, uri, opaque, f),
+        None => timer_body(&interval, None, uri, opaque),
+    }
+}
+
+/// Pops grouped by the path they were sent to, each path's in the order
+/// given.
+pub fn by_path(pops: &[Pop]) -> std::collections::BTreeMap<String, Vec<Pop>> {
+    let mut m: std::collections::BTreeMap<String, Vec<Pop>> = Default::default();
+    for p in pops {
+        m.entry(p.path.clone()).or_default().push(p.clone());
+    }
+    m
+}
+
 /// Poll `check` every 20 ms until it returns `Ok`, and return its value;
 /// fail once `timeout` has passed, naming `what` and the last state
 /// `check` described (its `Err`).
@@ -538,115 +585,47 @@ pub fn wait_until<T>(
     }
 }
 
-/// Sleep until `at` (not at all if it has passed).
-pub fn sleep_until(at: Instant) {
-    std::thread::sleep(at.saturating_duration_since(Instant::now()));
+/// The last 40 lines of a node's log, for assertion messages.
+pub fn log_tail(node: &Node) -> String {
+    let log = node.log_text();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-/// `Ok` when `node` can pop nothing more: it holds no live timer
-/// (tombstones never pop), every callback it started was answered or
-/// given up, and every replication message it queued was answered or
-/// given up. Otherwise what it is still busy with.
-pub fn node_idle(node: &Node) -> Result<(), String> {
-    idle_state(node, true)
+/// A process's memory figure from `/proc/<pid>/status` (`field` with its
+/// colon: `VmRSS:`), bytes.
+pub fn proc_status_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    kb * 1024
 }
 
-/// As `node_idle`, but the node's replication may still be queued (for a
-/// peer that was killed, which it retries for `replication-deliver-within-ms`).
-pub fn node_pops_done(node: &Node) -> Result<(), String> {
-    idle_state(node, false)
+/// The resident memory of a process, bytes.
+pub fn rss(pid: u32) -> u64 {
+    proc_status_bytes(pid, "VmRSS:")
 }
 
-fn idle_state(node: &Node, replication: bool) -> Result<(), String> {
-    let r = node.request("GET", "/metrics", "");
-    if r.status != 200 {
-        return Err(format!("{}: /metrics answered {}", node.addr, r.status));
-    }
-    let text = r.text();
-    let value = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
-    };
-    let live = value("chronos_timers_pending") - value("chronos_tombstones");
-    let popped = value("chronos_timers_popped_total");
-    let answered = value("chronos_callbacks_succeeded_total")
-        + value("chronos_callbacks_failed_total")
-        + value("chronos_callbacks_deferred_total")
-        + value("chronos_callbacks_withdrawn_total");
-    let queued = value("chronos_replication_enqueued_total");
-    let settled =
-        value("chronos_replication_sent_total") + value("chronos_replication_failed_total");
-    if live == 0.0 && answered >= popped && (settled >= queued || !replication) {
-        return Ok(());
-    }
-    Err(format!(
-        "{}: {live} live timers, {answered} of {popped} callbacks done, {settled} of {queued} replication messages settled",
-        node.addr
-    ))
+/// The peak resident memory of a process, bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    proc_status_bytes(pid, "VmHWM:")
 }
 
-/// Wait until no node of `nodes` can pop again (`node_idle`), seen on two
-/// polls in a row (so that a message in flight between two of them when
-/// the first poll read them has landed); fail after `timeout` with what
-/// was still busy.
-pub fn wait_idle(nodes: &[&Node], timeout: Duration) {
-    wait_all(nodes, timeout, node_idle);
-}
-
-/// As `wait_idle` with `node_pops_done`: for the survivors of a kill.
-pub fn wait_pops_done(nodes: &[&Node], timeout: Duration) {
-    wait_all(nodes, timeout, node_pops_done);
-}
-
-pub fn wait_all(nodes: &[&Node], timeout: Duration, state: fn(&Node) -> Result<(), String>) {
-    let mut idle_before = false;
-    wait_until("every node to be idle", timeout, || {
-        let busy: Vec<String> = nodes.iter().filter_map(|n| state(n).err()).collect();
-        let idle_twice = busy.is_empty() && idle_before;
-        idle_before = busy.is_empty();
-        match (idle_twice, busy.is_empty()) {
-            (true, _) => Ok(()),
-            (false, true) => Err("idle once".into()),
-            (false, false) => Err(busy.join("; ")),
-        }
+/// As [`wait_until`], for a condition that has nothing to say but
+/// whether it holds.
+pub fn wait_until_true(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    wait_until(what, timeout, || match cond() {
+        true => Ok(()),
+        false => Err("not yet".into()),
     });
 }
 
-/// A port free on every loopback address `127.0.0.1..=127.0.0.n`.
-pub fn cluster_port(n: usize) -> u16 {
-    'search: loop {
-        let port = free_port();
-        for i in 2..=n {
-            if TcpListener::bind(format!("127.0.0.{i}:{port}")).is_err() {
-                continue 'search;
-            }
-        }
-        return port;
-    }
-}
-
-/// The config of node `i` (1-based) of an `n`-node loopback cluster.
-pub fn cluster_config(n: usize, i: usize, port: u16, cores: usize, extra: &str) -> String {
-    let nodes: Vec<String> = (1..=n).map(|k| format!("\"127.0.0.{k}:{port}\"")).collect();
-    format!(
-        "[runtime]\ncores = {cores}\n[cluster]\nlocalhost = \"127.0.0.{i}:{port}\"\nnode = [{}]\n{extra}",
-        nodes.join(", ")
-    )
-}
-
-/// Start an `n`-node cluster on `127.0.0.1..=n`, one port.
-pub fn start_cluster(n: usize, cores: usize, extra: &str) -> Vec<Node> {
-    let port = cluster_port(n);
-    (1..=n)
-        .map(|i| {
-            Node::start_at(
-                &format!("127.0.0.{i}"),
-                port,
-                &cluster_config(n, i, port, cores, extra),
-            )
-        })
-        .collect()
+/// Sleep until `at` (not at all if it has passed).
+pub fn sleep_until(at: Instant) {
+    std::thread::sleep(at.saturating_duration_since(Instant::now()));
 }
 
 /// A TCP connection to `to` from the local address `from` (port 0).
@@ -677,21 +656,6 @@ pub fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
             0
         );
         std::os::fd::FromRawFd::from_raw_fd(fd)
-    }
-}
-
-/// Rewrite a node's config file, SIGHUP it, and wait for the reload.
-pub fn reload_config(node: &Node, config: &str) {
-    std::fs::write(node.config_path(), config).unwrap();
-    node.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !node.log_text().contains("cluster reloaded") {
-        assert!(
-            Instant::now() < deadline,
-            "no reload logged:\n{}",
-            node.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -97,22 +97,39 @@ pub struct Input<'a> {
     pub headers: Vec<(&'a str, &'a str)>,
 }
 
+/// One message with ID `id` (also its key), `value`, due at the ISO 8601
+/// deadline `deadline`.
+pub fn input<'a>(id: &'a str, value: &'a [u8], deadline: &'a str) -> Input<'a> {
+    Input {
+        key: Some(id),
+        value,
+        headers: vec![("chronosMessageId", id), ("chronosDeadline", deadline)],
+    }
+}
+
 /// One message per key, the key also its `chronosMessageId`, value `v`,
 /// all due at the ISO 8601 deadline `dl`.
 pub fn inputs_due<'a>(keys: &'a [String], dl: &'a str) -> Vec<Input<'a>> {
-    keys.iter()
-        .map(|k| Input {
-            key: Some(k),
-            value: b"v",
-            headers: vec![("chronosMessageId", k), ("chronosDeadline", dl)],
-        })
-        .collect()
+    keys.iter().map(|k| input(k, b"v", dl)).collect()
 }
 
 pub fn producer(brokers: &str) -> BaseProducer {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("linger.ms", "1")
+        .create()
+        .expect("producer")
+}
+
+/// A producer that puts each `produce_to` call's messages into one record
+/// batch (one linger, no size or count cut).
+pub fn batching_producer(brokers: &str) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "1000")
+        .set("batch.num.messages", "100000")
+        .set("batch.size", "16000000")
+        .set("message.max.bytes", "16000000")
         .create()
         .expect("producer")
 }

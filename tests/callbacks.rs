@@ -1,7 +1,10 @@
-//! Review of issue 20's callback admission and withdrawal (src/shard/pop.rs,
-//! src/shard/targets.rs, src/shard/mod.rs `callback_wanted`,
-//! src/http/client.rs lanes), with real processes. Each test states the
-//! defect it shows; each should pass once the defect is fixed.
+//! Callback admission and withdrawal (issue 20, from a review of the
+//! shard's pop loop, its per-target admission, `callback_wanted` and the
+//! HTTP client's lanes), with real processes: a callback is withdrawn only
+//! after an operation that replaces it, a held pop is never promoted
+//! early, a lane leaves no stale jobs behind, and a queued final pop
+//! outliving its tombstone is still sent. Each test states the defect it
+//! showed.
 
 mod common;
 
@@ -303,10 +306,7 @@ fn review_a_queued_final_pop_outliving_its_tombstone_is_still_sent() {
     let sink = Sink::start(Behaviour::Slow(Duration::from_millis(600)));
     let n = 16;
     for i in 0..n {
-        let body = format!(
-            r#"{{"timing":{{"interval":0.5}},"callback":{{"http":{{"uri":"{}","opaque":"x"}}}},"reliability":{{"replication-factor":1}}}}"#,
-            sink.uri(&format!("/q/{i}"))
-        );
+        let body = replicated_body("0.5", None, &sink.uri(&format!("/q/{i}")), "x", 1);
         nodes[0].create(&body);
     }
     wait_until("every callback done", Duration::from_secs(30), || {

@@ -1,5 +1,5 @@
-//! Issue 24 ("the first hour"), items 3 to 7: configuration as an operator
-//! meets it, with the real binary. Every `CHRONOS_<SECTION>_<KEY>`
+//! Configuration as an operator meets it, with the real binary (issue 24,
+//! "the first hour", items 3 to 7). Every `CHRONOS_<SECTION>_<KEY>`
 //! variable sets its key and a bad one is refused by its own name; an
 //! unknown `CHRONOS_*` variable is a warning; refused values name the key
 //! and the value; `[sites]` needs `local_site`; the throttle gauge says it
@@ -8,24 +8,19 @@
 
 mod common;
 
-use common::{free_port, reload_config, wait_until, Node};
+use common::{chronos, free_port, reload_config, wait_until, Node};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// `chronos` with a config file, `--bind-port`, the given variables and
-/// no inherited `CHRONOS_*` ones.
+/// none inherited ([`chronos`]).
 fn command(config: &str, port: u16, vars: &[(&str, &str)]) -> (Command, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("chronos-cfg-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("chronos.toml");
     std::fs::write(&path, config).unwrap();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_chronos"));
-    c.arg("--config")
-        .arg(&path)
-        .args(["--bind-port", &port.to_string()]);
-    for (name, _) in std::env::vars().filter(|(n, _)| n.starts_with("CHRONOS_")) {
-        c.env_remove(name);
-    }
+    let mut c = chronos(&["--config", path.to_str().unwrap()]);
+    c.args(["--bind-port", &port.to_string()]);
     c.envs(vars.iter().copied());
     (c, dir)
 }

@@ -1,42 +1,22 @@
-//! The cold review's reproductions against issue 37's first cut (commit
-//! c178264): each failed there and passes now. A PUT acknowledged by a
-//! node that only keeps a tombstone; deletes through a non-replica
-//! dropped at a full queue; one 503 from a recovering node giving up
-//! everything it was owed; a full repair every window for a peer that
-//! refuses for good; the hand-off settling while a repair still sends;
-//! the hand-off's 15 s bound exceeded with every peer stopped.
+//! Repairs and the hand-off: what a node owes a replica reaches it
+//! (issue 37). A cold review's reproductions against the issue's first
+//! cut (commit c178264), each failed there and passes now: a PUT
+//! acknowledged by a node that only keeps a tombstone; deletes through a
+//! non-replica dropped at a full queue; one 503 from a recovering node
+//! giving up everything it was owed; a full repair every window for a
+//! peer that refuses for good; the hand-off settling while a repair still
+//! sends; the hand-off's 15 s bound exceeded with every peer stopped.
 
 mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
 
-fn addr(i: usize, port: u16) -> String {
-    format!("\"127.0.0.{i}:{port}\"")
-}
-
 fn config(i: usize, port: u16, nodes: &[usize], extra_cluster: &str, extra: &str) -> String {
-    let list = nodes
-        .iter()
-        .map(|&k| addr(k, port))
-        .collect::<Vec<_>>()
-        .join(", ");
     format!(
-        "[runtime]\ncores = 1\n[cluster]\nlocalhost = {}\nnode = [{list}]\nreplication-deliver-within-ms = 2000\n{extra_cluster}\n{extra}",
-        addr(i, port),
-    )
-}
-
-fn start(i: usize, port: u16, config: &str) -> Node {
-    Node::start_at(&format!("127.0.0.{i}"), port, config)
-}
-
-fn body(interval: u64, uri: &str, opaque: &str, factor: Option<u32>) -> String {
-    let reliability = factor
-        .map(|f| format!(",\"reliability\":{{\"replication-factor\":{f}}}"))
-        .unwrap_or_default();
-    format!(
-        r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"{uri}","opaque":"{opaque}"}}}}{reliability}}}"#
+        "[runtime]\ncores = 1\n[cluster]\nlocalhost = {}\nnode = [{}]\nreplication-deliver-within-ms = 2000\n{extra_cluster}\n{extra}",
+        member_addr(i, port),
+        member_list(nodes, port),
     )
 }
 
@@ -57,19 +37,24 @@ fn replicas(id: &str, port: u16, factor: usize) -> Vec<usize> {
 fn review_put_acknowledged_by_a_tombstone_holder_is_lost() {
     let port = cluster_port(3);
     let f1 = "[timers]\ndefault-replication-factor = 1\n";
-    let a = start(1, port, &config(1, port, &[1, 2, 3], "", f1));
+    let a = start_member(1, port, &config(1, port, &[1, 2, 3], "", f1));
     let dir_b = std::env::temp_dir().join(format!("review37-b-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir_b);
     std::fs::create_dir_all(&dir_b).unwrap();
     let storage = format!("{f1}[storage]\npath = \"{}\"\n", dir_b.display());
     let config_b = config(2, port, &[1, 2, 3], "", &storage);
-    let mut b = start(2, port, &config_b);
-    let c = start(3, port, &config(3, port, &[1, 2, 3], "", f1));
+    let mut b = start_member(2, port, &config_b);
+    let c = start_member(3, port, &config(3, port, &[1, 2, 3], "", f1));
     b.wait_ready_200(Duration::from_secs(20));
     let sink = Sink::start(Behaviour::Ok);
     let mut chosen = Vec::new();
     for i in 0..90 {
-        let id = a.create(&body(10, &sink.uri(&format!("/u/{i}")), "old", Some(2)));
+        let id = a.create(&timer_body_factor(
+            10,
+            &sink.uri(&format!("/u/{i}")),
+            "old",
+            Some(2),
+        ));
         let r2 = replicas(&id, port, 2);
         if !r2.contains(&0) && replicas(&id, port, 1) == vec![1] {
             chosen.push((i, id));
@@ -84,7 +69,7 @@ fn review_put_acknowledged_by_a_tombstone_holder_is_lost() {
         let r = a.request(
             "PUT",
             &format!("/timers/{id}"),
-            &body(12, &sink.uri(&format!("/u/{i}")), "new", None),
+            &timer_body_factor(12, &sink.uri(&format!("/u/{i}")), "new", None),
         );
         eprintln!("PUT {id} through A: {} {}", r.status, r.text());
         if r.status == 200 {
@@ -93,7 +78,7 @@ fn review_put_acknowledged_by_a_tombstone_holder_is_lost() {
     }
     let status = a.terminate();
     eprintln!("A stopped: {status:?}");
-    let b = start(2, port, &config_b);
+    let b = start_member(2, port, &config_b);
     b.wait_ready_200(Duration::from_secs(30));
     wait_pops_done(&[&b, &c], Duration::from_secs(40));
     let old: Vec<String> = sink
@@ -119,13 +104,18 @@ fn review_put_acknowledged_by_a_tombstone_holder_is_lost() {
 fn review_deletes_dropped_at_a_non_replica_are_never_repaired() {
     let port = cluster_port(3);
     let q = "replication-queue-max = 4\n";
-    let a = start(1, port, &config(1, port, &[1, 2, 3], q, ""));
-    let b = start(2, port, &config(2, port, &[1, 2, 3], q, ""));
-    let c = start(3, port, &config(3, port, &[1, 2, 3], q, ""));
+    let a = start_member(1, port, &config(1, port, &[1, 2, 3], q, ""));
+    let b = start_member(2, port, &config(2, port, &[1, 2, 3], q, ""));
+    let c = start_member(3, port, &config(3, port, &[1, 2, 3], q, ""));
     let sink = Sink::start(Behaviour::Ok);
     let mut chosen = Vec::new();
     for i in 0..60 {
-        let id = a.create(&body(12, &sink.uri(&format!("/d/{i}")), "d", None));
+        let id = a.create(&timer_body_factor(
+            12,
+            &sink.uri(&format!("/d/{i}")),
+            "d",
+            None,
+        ));
         if !replicas(&id, port, 2).contains(&0) {
             chosen.push((format!("/d/{i}"), id));
         }
@@ -241,15 +231,22 @@ fn review_a_503_while_recovering_gives_up_what_a_down_replica_was_owed() {
         std::fs::create_dir_all(&d).unwrap();
         format!("[storage]\npath = \"{}\"\n", d.display())
     };
-    let a = start(1, port, &config(1, port, &[1, 2], "", &dir("a")));
+    let a = start_member(1, port, &config(1, port, &[1, 2], "", &dir("a")));
     let config_b = config(2, port, &[1, 2], "", &dir("b"));
-    let mut b = start(2, port, &config_b);
+    let mut b = start_member(2, port, &config_b);
     for node in [&a, &b] {
         node.wait_ready_200(Duration::from_secs(20));
     }
     let sink = Sink::start(Behaviour::Ok);
     let early: Vec<String> = (0..10)
-        .map(|i| a.create(&body(3, &sink.uri(&format!("/early/{i}")), "e", None)))
+        .map(|i| {
+            a.create(&timer_body_factor(
+                3,
+                &sink.uri(&format!("/early/{i}")),
+                "e",
+                None,
+            ))
+        })
         .collect();
     a.wait_replication_settled(Duration::from_secs(10));
     b.kill9();
@@ -261,7 +258,7 @@ fn review_a_503_while_recovering_gives_up_what_a_down_replica_was_owed() {
     std::thread::sleep(Duration::from_secs(12));
     let answered = answer_503_for("127.0.0.2", port, Duration::from_secs(3));
     eprintln!("the stand-in answered {answered} requests 503");
-    let b = start(2, port, &config_b);
+    let b = start_member(2, port, &config_b);
     b.wait_ready_200(Duration::from_secs(60));
     // The early timers are overdue: B pops them at once if it has them.
     std::thread::sleep(Duration::from_secs(8));
@@ -297,15 +294,20 @@ fn review_a_503_while_recovering_gives_up_what_a_down_replica_was_owed() {
 #[test]
 fn review_a_full_peer_gets_a_full_repair_every_window() {
     let port = cluster_port(2);
-    let a = start(1, port, &config(1, port, &[1, 2], "", ""));
-    let b = start(
+    let a = start_member(1, port, &config(1, port, &[1, 2], "", ""));
+    let b = start_member(
         2,
         port,
         &config(2, port, &[1, 2], "", "[timers]\ntimers-per-shard-max = 5\n"),
     );
     let sink = Sink::start(Behaviour::Ok);
     for i in 0..50 {
-        a.create(&body(3600, &sink.uri(&format!("/c/{i}")), "c", None));
+        a.create(&timer_body_factor(
+            3600,
+            &sink.uri(&format!("/c/{i}")),
+            "c",
+            None,
+        ));
     }
     for _ in 0..5 {
         std::thread::sleep(Duration::from_secs(3));
@@ -339,9 +341,9 @@ fn review_the_handoff_settles_while_a_repair_is_still_sending() {
         format!("[storage]\npath = \"{}\"\n", d.display())
     };
     let q = "replication-queue-max = 4\n";
-    let a = start(1, port, &config(1, port, &[1, 2], q, &dir("a")));
+    let a = start_member(1, port, &config(1, port, &[1, 2], q, &dir("a")));
     let config_b = config(2, port, &[1, 2], q, &dir("b"));
-    let mut b = start(2, port, &config_b);
+    let mut b = start_member(2, port, &config_b);
     for node in [&a, &b] {
         node.wait_ready_200(Duration::from_secs(20));
     }
@@ -350,7 +352,12 @@ fn review_the_handoff_settles_while_a_repair_is_still_sending() {
     let ids: Vec<String> = (0..n)
         .map(|i| {
             std::thread::sleep(Duration::from_millis(3));
-            a.create(&body(9, &sink.uri(&format!("/h/{i}")), "h", None))
+            a.create(&timer_body_factor(
+                9,
+                &sink.uri(&format!("/h/{i}")),
+                "h",
+                None,
+            ))
         })
         .collect();
     let created = Instant::now();
@@ -368,7 +375,7 @@ fn review_the_handoff_settles_while_a_repair_is_still_sending() {
     // Back once the timers are overdue, well within their tombstones' life
     // on A (9 s + 2 x 2 s skew after each delete).
     sleep_until(created + Duration::from_secs(10));
-    let b = start(2, port, &config_b);
+    let b = start_member(2, port, &config_b);
     b.wait_ready_200(Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(6));
     for line in a.log_text().lines().filter(|l| l.contains("repair")) {
@@ -413,15 +420,15 @@ fn review_the_handoff_wait_exceeds_its_15_s_bound() {
     );
     let others: Vec<Node> = [1, 3, 4]
         .iter()
-        .map(|&i| start(i, port, &config(i, port, &all, "", "")))
+        .map(|&i| start_member(i, port, &config(i, port, &all, "", "")))
         .collect();
-    let mut b = start(2, port, &config_b);
+    let mut b = start_member(2, port, &config_b);
     b.wait_ready_200(Duration::from_secs(40));
     b.kill9();
     for n in &others {
         n.signal(libc::SIGSTOP);
     }
-    let b = start(2, port, &config_b);
+    let b = start_member(2, port, &config_b);
     let t = Instant::now();
     let ready = b.wait_ready_200(Duration::from_secs(60));
     let waited = ready.duration_since(t);
