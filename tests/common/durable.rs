@@ -526,13 +526,6 @@ pub fn corrupt_middle(file: &Path) -> u64 {
     at as u64
 }
 
-/// Item 5, fifth case. 200 timers, each its own batch, on one shard;
-/// after a `kill -9` a record in the middle of the log is damaged. The
-/// start must stop, naming the file and the offset, and keep the log as
-/// it is; with `on-corruption = "skip"` it starts and recovers the
-/// batches after the damage too, not only those before it (a recovery
-/// that stopped at the damage would keep about half: at least 3/4 must
-/// pop).
 /// Spawn the three nodes of `configs` at once, then wait until each
 /// answers `/ready` (a node's start-up resync asks the others).
 pub fn start_three(port: u16, configs: &[String]) -> Vec<Node> {
