@@ -15,9 +15,13 @@
 //! with equal ends (`12-12` read as `*`), and a day field written to allow
 //! every value but not as `*` (`*/1`, `1-31`: see `every_day_not_star`).
 //!
+//! Also: a search allocates nothing (a counting allocator, per thread).
+//!
 //! Needs `python3` with `croniter` (`.ci/run` installs it); without it the
 //! test fails and names the install step.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -354,5 +358,63 @@ fn next_fire_times_equal_croniters() {
     println!(
         "{} chains, {total} occurrences equal; {dropped} second passes dropped",
         cases.len()
+    );
+}
+
+/// Counts the allocations of the thread that asks (the tests run on
+/// several threads at once).
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is passed on to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        }
+        // SAFETY: the caller's layout, as the system allocator requires.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` above with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+#[test]
+fn next_after_allocates_nothing() {
+    let zones: Vec<Zone> = ZONES.iter().map(|z| Zone::parse(z).unwrap()).collect();
+    let schedules: Vec<Schedule> = HAND.iter().map(|e| Schedule::parse(e).unwrap()).collect();
+    let start = parse_at("2025-03-01T00:00:00Z").unwrap();
+    COUNTING.with(|c| c.set(true));
+    // The counter sees an allocation.
+    drop(std::hint::black_box(Box::new(1u64)));
+    assert_eq!(ALLOCATIONS.with(|n| n.replace(0)), 1);
+    let mut occurrences = 0;
+    for zone in &zones {
+        for schedule in &schedules {
+            let mut at = start;
+            // Through both changes of offset of 2025 in every zone with
+            // DST, from instants at least 5 h 7 min apart.
+            while at < start + 300 * 86_400_000 {
+                let next = next_after(schedule, zone, at).unwrap();
+                at = next.max(at + 18_420_000);
+                occurrences += 1;
+            }
+        }
+    }
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(
+        ALLOCATIONS.with(Cell::get),
+        0,
+        "allocations in {occurrences} searches"
     );
 }
