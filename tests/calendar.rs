@@ -3,7 +3,8 @@
 //!
 //! A generated corpus: hand-picked and pseudo-random cron expressions (5
 //! and 6 fields) times zones with and without DST (a 30-minute change on
-//! Lord Howe, a 45-minute offset on the Chatham Islands), each from start
+//! Lord Howe, a 45-minute offset on the Chatham Islands, changes at
+//! midnight in Santiago), each from start
 //! instants around every change of offset in 2025-2027 and a few away
 //! from them, each a chain of 20 successive occurrences. The corpus goes
 //! to a temporary JSON file, a small Python script computes croniter's
@@ -31,7 +32,8 @@ use serde_json::{json, Value};
 /// The pinned version `.ci/run` installs.
 const INSTALL: &str = "pip install 'croniter==7.0.0'";
 const CHAIN: usize = 20;
-const ZONES: [&str; 6] = [
+const ZONES: [&str; 7] = [
+    "America/Santiago",
     "Europe/Paris",
     "America/New_York",
     "Australia/Lord_Howe",

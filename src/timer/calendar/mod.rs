@@ -34,7 +34,7 @@
 //! `W`, `#`, `?`, `H`, a year field, `@daily` and the like, ranges that run
 //! backward, a day-of-month no chosen month has (`0 0 30 2 *`). At most
 //! [`EXPRESSION_MAX`] (256) bytes. The parsed [`Schedule`] is six bitsets,
-//! 27 bytes.
+//! 27 bytes (32 with padding).
 //!
 //! # Time zones
 //!

@@ -288,6 +288,32 @@ mod tests {
     }
 
     #[test]
+    fn changes_at_midnight_cross_the_date() {
+        // Santiago, 2025-09-07: 00:00 to 01:00 does not exist.
+        let gap = chain(
+            "30 0 * * *",
+            "America/Santiago",
+            "2025-09-06T12:00:00-04:00",
+            2,
+        );
+        assert_eq!(
+            gap,
+            all(&["2025-09-07T01:00:00-03:00", "2025-09-08T00:30:00-03:00"])
+        );
+        // 2025-04-06 00:00 went back to 23:00 of the 5th, which then repeated.
+        let fold = chain(
+            "30 23 * * *",
+            "America/Santiago",
+            "2025-04-05T12:00:00-03:00",
+            2,
+        );
+        assert_eq!(
+            fold,
+            all(&["2025-04-05T23:30:00-03:00", "2025-04-06T23:30:00-04:00"])
+        );
+    }
+
+    #[test]
     fn the_horizon_bounds_the_search() {
         let leap = Schedule::parse("0 0 29 2 *").unwrap();
         let utc = Zone::utc();
