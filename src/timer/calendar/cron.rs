@@ -162,13 +162,13 @@ impl Schedule {
     }
 
     /// Whether `month` (1 to 12) is allowed.
-    pub fn has_month(&self, month: u32) -> bool {
+    pub(super) fn has_month(&self, month: u32) -> bool {
         month < 16 && self.months >> month & 1 == 1
     }
 
     /// Whether every hour is allowed: then a local time that a DST change
     /// skips is skipped, not moved (`calendar/mod.rs`).
-    pub fn every_hour(&self) -> bool {
+    pub(super) fn every_hour(&self) -> bool {
         self.hours == ALL_HOURS
     }
 
@@ -184,7 +184,7 @@ impl Schedule {
     /// week (0 Sunday to 6) matches. When both fields are restricted either
     /// one matching is enough, as in Vixie cron and croniter; otherwise
     /// both must (the unrestricted one always does).
-    pub fn day_matches(&self, day: u32, weekday: u32) -> bool {
+    pub(super) fn day_matches(&self, day: u32, weekday: u32) -> bool {
         debug_assert!(
             (1..=31).contains(&day) && weekday < 7,
             "a calendar day and weekday"
@@ -200,7 +200,7 @@ impl Schedule {
 
     /// The first allowed time of day at or after `hour:minute:second`, or
     /// `None` when the rest of the day has none.
-    pub fn time_from(&self, hour: u32, minute: u32, second: u32) -> Option<(u32, u32, u32)> {
+    pub(super) fn time_from(&self, hour: u32, minute: u32, second: u32) -> Option<(u32, u32, u32)> {
         debug_assert!(hour < 24 && minute < 60 && second < 60, "a time of day");
         let first_second = self.seconds.trailing_zeros();
         if self.hours >> hour & 1 == 1 {

@@ -28,7 +28,7 @@ pub struct Zone {
 
 /// What a local time is in a zone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Local {
+pub(super) enum Local {
     /// One instant (Unix seconds).
     One(i64),
     /// Two instants: the clock was set back and showed this time twice.
@@ -79,7 +79,7 @@ impl Zone {
 
     /// What the local time `local` (local seconds) is in this zone, or
     /// `None` outside the years -9999 to 9999.
-    pub fn resolve(&self, local: i64) -> Option<Local> {
+    pub(super) fn resolve(&self, local: i64) -> Option<Local> {
         let c = civil::split(local);
         let year = i16::try_from(c.year).ok()?;
         let narrow = |v: u32| v as i8;
@@ -115,7 +115,7 @@ impl Zone {
     }
 
     /// The last change of offset at or before an instant (Unix seconds).
-    pub fn change_at_or_before(&self, unix: i64) -> Option<i64> {
+    pub(super) fn change_at_or_before(&self, unix: i64) -> Option<i64> {
         let at = Timestamp::from_second(unix.checked_add(1)?).ok()?;
         let change = self.tz.preceding(at).next()?;
         Some(change.timestamp().as_second())
