@@ -1,5 +1,6 @@
 //! The timer model: IDs, the JSON codec, and the record a shard keeps.
 
+pub mod calendar;
 pub mod callback;
 pub mod config;
 pub mod id;
