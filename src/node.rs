@@ -25,7 +25,7 @@ use crate::queue::{QueueShard, QueueShared};
 use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
 use crate::runtime::systemd;
 use crate::runtime::{EngineConfig, ShardCtx, SignalHook, DRAIN_TIMEOUT, SIGHUP, SIGUSR1};
-use crate::shard::rebalance::resync_loop;
+use crate::shard::resync::trigger::resync_loop;
 use crate::shard::{
     durable, handoff, pop_loop, repair_loop, resend_deletes, MeshMsg, Reply, Shard,
 };

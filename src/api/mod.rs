@@ -22,6 +22,8 @@
 //! at most once per [`REFUSED_LOG_EVERY`] per shard and kind (internal,
 //! admin), with the count of the ones not logged.
 
+mod cluster;
+
 use crate::http::server::Handler;
 use crate::http::{uri, write_response, Method, Request};
 use crate::runtime::loglimit::{log_due, LogLimit};
@@ -151,7 +153,7 @@ async fn answer(
             forbidden(api, req, Refused::Admin, out, close)
         }
         "/cluster" => match req.method {
-            Method::Get => json(out, 200, &shard.cluster_report(), close),
+            Method::Get => json(out, 200, &cluster::cluster_report(shard), close),
             _ => not_allowed(out, "GET", close),
         },
         "/resync" => match req.method {

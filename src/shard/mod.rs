@@ -20,8 +20,7 @@
 //! | `view.rs` | the cluster view this shard works under, and replica placement |
 //! | `pop.rs` | the pop loop, its state, callback dispatch |
 //! | `targets.rs` | callback admission per target: in-flight shares, held pops promoted as the target's callbacks end |
-//! | `resync.rs` | the serving side of resync: GET pages, DELETE references |
-//! | `rebalance.rs` | the requesting side of resync: page every node, apply seed 003's rules |
+//! | `resync/` | resync, both sides: serving GET pages and DELETE references; requesting: page every node, apply seed 003's rules |
 //! | `mesh.rs` | the messages shards exchange |
 //! | `durable.rs` | `[storage]`: recovery into the store, durability waits, compaction |
 
@@ -31,7 +30,6 @@ pub mod handoff;
 pub mod mesh;
 mod ops;
 mod pop;
-pub mod rebalance;
 mod repair;
 mod replication;
 mod resend;
@@ -83,9 +81,9 @@ pub struct Shard {
     pub pop: PopState,
     view: View,
     /// The serving side's resync sessions.
-    sessions: resync::Sessions,
+    sessions: resync::session::Sessions,
     /// The requesting side's resync trigger (used on shard 0).
-    pub rebalance: rebalance::Trigger,
+    pub rebalance: resync::trigger::Trigger,
     /// Admission of client requests (`[throttling]`), `None` when off.
     pub throttle: Option<Throttle>,
     /// The last version handed out (strictly increasing per shard).
@@ -152,9 +150,9 @@ impl Shard {
             gate,
             pop: PopState::default(),
             view: View::new(&resolved.cluster),
-            sessions: resync::Sessions::default(),
+            sessions: resync::session::Sessions::default(),
             throttle: throttle(&resolved),
-            rebalance: rebalance::Trigger::default(),
+            rebalance: resync::trigger::Trigger::default(),
             last_version_us: Cell::new(0),
             log: std::cell::OnceCell::new(),
             flusher: RefCell::new(None),
