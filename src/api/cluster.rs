@@ -13,7 +13,7 @@ pub fn cluster_report(shard: &Shard) -> String {
     let c = shard.cluster();
     let names = |l: &[Node]| l.iter().map(|n| n.address.clone()).collect::<Vec<_>>();
     let members = c.nodes.len() - c.joining;
-    let s = &shard.stats[0];
+    let s = &shard.base.stats[0];
     let (state, started_runs, finished_runs) = s.resync_progress();
     let count = |f: &std::sync::atomic::AtomicU64| f.load(Relaxed);
     let (stretch_us_max, stretch_wall_us_max, stretch_counts) = bulk::stretches();
@@ -23,11 +23,11 @@ pub fn cluster_report(shard: &Shard) -> String {
         "nodes": names(&c.nodes[..members]),
         "joining": names(&c.nodes[members..]),
         "leaving": names(&c.leaving),
-        "instance-id": shard.store.borrow().ids.instance(),
+        "instance-id": shard.timers.store.borrow().ids.instance(),
         "sites": {
-            "local_site": shard.resolved.sites.local,
-            "remote_site": shard.resolved.sites.remote.iter().map(|r| format!("{}={}", r.name, r.address)).collect::<Vec<_>>(),
-            "replicate_timers_across_sites": shard.resolved.sites.across,
+            "local_site": shard.base.resolved.sites.local,
+            "remote_site": shard.base.resolved.sites.remote.iter().map(|r| format!("{}={}", r.name, r.address)).collect::<Vec<_>>(),
+            "replicate_timers_across_sites": shard.base.resolved.sites.across,
         },
         "resync": {
             "state": stats::RESYNC_STATES[state],

@@ -314,7 +314,7 @@ async fn guard_admits(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<(), (u16
         return Ok(());
     };
     let target = uri::parse(&s.uri).map_err(|e| (400, e))?;
-    let limit = Duration::from_millis(shard.resolved.config.timers.callback_timeout_ms);
+    let limit = Duration::from_millis(shard.base.resolved.config.timers.callback_timeout_ms);
     guard.check_host(target.host, target.port, limit).await
 }
 
@@ -412,7 +412,7 @@ const ADMIN_REFUSED: &str = "admin API (/cluster, /resync, /metrics): missing or
 /// (`/cluster`, `/resync`, `/metrics`) request may proceed: always without
 /// `[cluster] shared-secret`, else only with it. Allocates nothing.
 fn authorized(shard: &Shard, req: &Request<'_>) -> bool {
-    match &shard.resolved.config.cluster.shared_secret {
+    match &shard.base.resolved.config.cluster.shared_secret {
         None => true,
         Some(secret) => secret.admits(req.authorization),
     }
@@ -424,7 +424,7 @@ fn authorized(shard: &Shard, req: &Request<'_>) -> bool {
 /// connection whose client certificate the listener verified against
 /// `[cluster] tls-ca-file`.
 fn internal_authorized(shard: &Shard, req: &Request<'_>) -> bool {
-    let c = &shard.resolved.config.cluster;
+    let c = &shard.base.resolved.config.cluster;
     let mutual = c.tls && c.tls_client_certificate.is_some();
     authorized(shard, req) && (!mutual || req.peer_certified)
 }
@@ -514,13 +514,14 @@ async fn metrics(shard: &Shard, out: &mut Vec<u8>, close: bool) -> u16 {
     let tags = shard.all_tags().await;
     let mut text = String::with_capacity(4096);
     let sites: Vec<String> = shard
+        .base
         .resolved
         .sites
         .remote
         .iter()
         .map(|r| r.name.clone())
         .collect();
-    crate::stats::render(&shard.stats, &tags, &sites, &mut text);
+    crate::stats::render(&shard.base.stats, &tags, &sites, &mut text);
     write_response(
         out,
         200,

@@ -50,7 +50,7 @@ impl Shard {
     /// `default-replication-factor`, capped as the codec caps a requested
     /// one (no cluster has more nodes; a timer record keeps 7 bits).
     pub(super) fn default_factor(&self) -> u8 {
-        let factor = self.resolved.config.timers.default_replication_factor;
+        let factor = self.base.resolved.config.timers.default_replication_factor;
         factor.min(crate::timer::NODES_MAX as u8)
     }
 
@@ -59,7 +59,7 @@ impl Shard {
     }
 
     pub(super) fn without_me(&self, mask: u64) -> u64 {
-        self.view.without_me(mask)
+        self.timers.view.without_me(mask)
     }
 
     /// The head of a client's incarnation; `now_us`: the wall clock
@@ -82,7 +82,7 @@ impl Shard {
             replication_factor: pl.count as u8,
             factor_requested,
             site_index: 0,
-            sites: self.resolved.sites.own_list(),
+            sites: self.base.resolved.sites.own_list(),
         }
     }
 
@@ -97,8 +97,12 @@ impl Shard {
     pub fn create(&self, spec: &TimerSpec) -> Result<(TimerId, Ticket), OpError> {
         // One wall-clock read for the ID's ms and the version's µs.
         let now_us = clock::unix_us();
-        let unique = self.store.borrow_mut().ids.next(now_us / 1000);
-        assert_eq!(shard_of(unique, self.shards), self.id, "a POST never hops");
+        let unique = self.timers.store.borrow_mut().ids.next(now_us / 1000);
+        assert_eq!(
+            shard_of(unique, self.base.shards),
+            self.base.id,
+            "a POST never hops"
+        );
         let mut pl = Placement::empty();
         pl.fill(
             &self.cluster(),
@@ -118,7 +122,7 @@ impl Shard {
         }
         let ticket = self.open_ticket(pl.my_index.is_none());
         self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()), true);
-        self.replicator.acks().close_queueing();
+        self.outbound.replicator.acks().close_queueing();
         Ok((id, ticket))
     }
 
@@ -126,7 +130,7 @@ impl Shard {
     /// replica (`needed`); 0 otherwise.
     fn open_ticket(&self, needed: bool) -> Ticket {
         match needed && self.has_peers() {
-            true => self.replicator.acks().open(),
+            true => self.outbound.replicator.acks().open(),
             false => 0,
         }
     }
@@ -140,10 +144,10 @@ impl Shard {
         if ticket == 0 {
             return Ok(());
         }
-        let bound_ms = 2 * self.resolved.config.cluster.replication_timeout_ms;
+        let bound_ms = 2 * self.base.resolved.config.cluster.replication_timeout_ms;
         // A reused timer: no allocation on this path when it goes well.
         let limit = crate::runtime::sleep::sleep(Duration::from_millis(bound_ms));
-        let acked = async { Some(self.replicator.acks().wait(ticket).await) };
+        let acked = async { Some(self.outbound.replicator.acks().wait(ticket).await) };
         let timed_out = async {
             limit.await;
             None
@@ -183,7 +187,10 @@ impl Shard {
     /// [`Shard::check_backed`] for a message of about `bytes`.
     fn check_queued(&self, pl: &Placement, bytes: usize) -> Result<(), OpError> {
         let replicas = self.without_me(pl.mask());
-        if pl.my_index.is_some() || replicas == 0 || self.replicator.can_queue(replicas, bytes) {
+        if pl.my_index.is_some()
+            || replicas == 0
+            || self.outbound.replicator.can_queue(replicas, bytes)
+        {
             return Ok(());
         }
         Err(OpError::new(
@@ -221,7 +228,7 @@ impl Shard {
         let others = self.without_me(self.holders(id, stored_factor)) & !replicas;
         let ticket = self.open_ticket(pl.my_index.is_none());
         self.replicate_spec(&head, &spec, &pl, replicas, true);
-        self.replicator.acks().close_queueing();
+        self.outbound.replicator.acks().close_queueing();
         self.replicate_spec(&head, &spec, &pl, others, false);
         self.replica_acked(new_id, ticket).await?;
         Ok(new_id)
@@ -244,7 +251,7 @@ impl Shard {
             replication_factor: 1,
             factor_requested: self.default_factor(),
             site_index: 0,
-            sites: self.resolved.sites.own_list(),
+            sites: self.base.resolved.sites.own_list(),
         };
         let named = self.cluster().bloom_matches(id.bloom);
         let guess = self.default_factor().max(named.count_ones() as u8) as usize;
@@ -260,7 +267,7 @@ impl Shard {
         // The ticket covers the replicas' messages only (as an update's).
         let ticket = self.open_ticket(pl.my_index.is_none());
         self.send_delete(&head, holders, replicas);
-        self.replicator.acks().close_queueing();
+        self.outbound.replicator.acks().close_queueing();
         self.send_delete(&head, holders, self.without_me(holders) & !replicas);
         self.send_to_sites(&head, ("", ""), &[]);
         self.replica_acked(id, ticket).await
@@ -299,7 +306,7 @@ impl Shard {
             .max(stored_factor)
             .max(named.count_ones() as u8) as usize;
         let mut mask = named | self.placement(id.unique, factor).mask();
-        if let Some(before) = self.view.previous() {
+        if let Some(before) = self.timers.view.previous() {
             for r in Placement::of(&before, id.unique, factor).members() {
                 let address = &before.node_at(*r).address;
                 if let Some(peer) = cluster.peer_of(address) {
@@ -359,7 +366,7 @@ impl Shard {
         let targets = self.without_me(targets);
         let source = source_of(&spec);
         if targets != 0 {
-            let sites = self.resolved.sites.names(head.sites);
+            let sites = self.base.resolved.sites.names(head.sites);
             let mut body = body_of(&head, callback, &tags, &names[..n], &sites, cluster.view_id);
             body.only_newer = source == Source::PeerIfNewer;
             self.send_body(head.id, &body, targets);
@@ -421,7 +428,7 @@ impl Shard {
             site_index: 0,
             sites: SITES_NONE,
         };
-        let sites = &self.resolved.sites;
+        let sites = &self.base.resolved.sites;
         if !r.sites.is_empty() {
             head.sites = sites.pack_names(r.sites.iter().map(|s| s.as_ref()));
             head.site_index = Sites::local_position(head.sites).unwrap_or(r.sites.len() as u8);
@@ -459,23 +466,23 @@ impl Shard {
         source: Source,
     ) -> Result<u8, OpError> {
         assert_eq!(
-            shard_of(head.id.unique, self.shards),
-            self.id,
+            shard_of(head.id.unique, self.base.shards),
+            self.base.id,
             "applied on its owner"
         );
         let unique = head.id.unique;
         let tombstone = spec.is_none_or(|s| s.is_tombstone());
-        let mut store = self.store.borrow_mut();
+        let mut store = self.timers.store.borrow_mut();
         let existing = store
             .get(unique)
             .map(|(due, t)| (due, t.head(), t.is_tombstone()));
         if let Some((_, old, old_tomb)) = &existing {
-            let (current, past) = (self.view(), self.view.past());
+            let (current, past) = (self.view(), self.timers.view.past());
             if !conflict::admits(source, (&head, tombstone), (old, *old_tomb), current, &past) {
                 ShardStats::add(&self.my_stats().replication_stale, 1);
                 return Ok(old.factor_requested);
             }
-        } else if store.len() >= self.resolved.config.timers.timers_per_shard_max {
+        } else if store.len() >= self.base.resolved.config.timers.timers_per_shard_max {
             return Err(OpError::new(
                 503,
                 "timer capacity of this shard is exhausted",
@@ -606,14 +613,15 @@ impl Shard {
         spec: Option<TimerSpec<'_>>,
         source: Source,
     ) -> Result<u8, OpError> {
-        let owner = shard_of(head.id.unique, self.shards);
-        if owner == self.id {
+        let owner = shard_of(head.id.unique, self.base.shards);
+        if owner == self.base.id {
             let stored_factor = self.apply(head, spec.as_ref(), source)?;
             self.settle().await?;
             return Ok(stored_factor);
         }
         ShardStats::add(&self.my_stats().mesh_forwarded, 1);
         let reply = self
+            .base
             .mesh
             .ask(owner, |reply| MeshMsg::Apply {
                 head,

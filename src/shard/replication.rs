@@ -62,7 +62,7 @@ impl Shard {
             // resync calls this twice per applied timer, mostly for no one).
             return;
         }
-        let sites = self.resolved.sites.names(head.sites);
+        let sites = self.base.resolved.sites.names(head.sites);
         let body = body_of(head, callback, tags, replicas, &sites, cluster.view_id);
         self.send_body(head.id, &body, targets);
     }
@@ -73,7 +73,7 @@ impl Shard {
         while rest != 0 {
             let peer = rest.trailing_zeros() as usize;
             rest &= rest - 1;
-            self.replicator.send(peer, id, body);
+            self.outbound.replicator.send(peer, id, body);
         }
     }
 
@@ -90,16 +90,16 @@ impl Shard {
         if !self.sends_to_sites(head) {
             return;
         }
-        let names = self.resolved.sites.names(head.sites);
+        let names = self.base.resolved.sites.names(head.sites);
         let body = body_of(head, callback, tags, &[], &names, self.cluster().view_id);
         for slot in Sites::remote_in(head.sites) {
-            self.sites_out.send(slot - 1, head.id, &body);
+            self.outbound.sites_out.send(slot - 1, head.id, &body);
         }
     }
 
     /// Whether [`Shard::send_to_sites`] sends `head` anywhere.
     pub(super) fn sends_to_sites(&self, head: &TimerHead) -> bool {
-        self.resolved.sites.replicating() && head.sites != SITES_NONE
+        self.base.resolved.sites.replicating() && head.sites != SITES_NONE
     }
 
     /// Send the replication message for a client operation to `targets`
@@ -162,7 +162,7 @@ impl Shard {
         let Some(pl) = self.send_pop(popped) else {
             return;
         };
-        let mut store = self.store.borrow_mut();
+        let mut store = self.timers.store.borrow_mut();
         let Some((_, t)) = store.get(unique) else {
             return;
         };
@@ -199,7 +199,7 @@ impl Shard {
     /// The replication half of [`Shard::replicate_pop`]: the placement
     /// under the current view, or `None` if the timer has moved on.
     fn send_pop(&self, popped: &Timer) -> Option<Placement> {
-        let store = self.store.borrow();
+        let store = self.timers.store.borrow();
         let (_, stored) = store.get(popped.unique)?;
         if stored.version != popped.version || stored.sequence < popped.sequence {
             return None;
@@ -232,7 +232,7 @@ impl Shard {
             );
         }
         // Other sites: sites no longer known dropped, new ones appended.
-        head.sites = self.resolved.sites.refreshed(head.sites);
+        head.sites = self.base.resolved.sites.refreshed(head.sites);
         self.send_to_sites(&head, callback, &tags[..tag_count]);
         Some(pl)
     }

@@ -70,3 +70,11 @@ pub mod request;
 pub mod serve;
 pub mod session;
 pub mod trigger;
+
+/// A shard's resync state: the serving side's sessions and the
+/// requesting side's trigger (used on shard 0).
+#[derive(Default)]
+pub struct Resync {
+    pub(super) sessions: session::Sessions,
+    pub trigger: trigger::Trigger,
+}

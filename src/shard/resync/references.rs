@@ -29,20 +29,21 @@ impl Shard {
     async fn references(&self, body: &[u8]) -> Result<usize, String> {
         let mut pacer = Pacer::new();
         let refs = parse_references(body, &mut pacer).await?;
-        let mut by_shard: Vec<Vec<(u64, u8)>> = vec![Vec::new(); self.shards];
+        let mut by_shard: Vec<Vec<(u64, u8)>> = vec![Vec::new(); self.base.shards];
         for (unique, index) in refs {
-            by_shard[shard_of(unique, self.shards)].push((unique, index));
+            by_shard[shard_of(unique, self.base.shards)].push((unique, index));
         }
         let mut marked = 0;
         for (owner, list) in by_shard.into_iter().enumerate() {
             for slice in list.chunks(MARK_SLICE) {
                 pacer.tick().await;
-                if owner == self.id {
+                if owner == self.base.id {
                     marked += self.mark_references(slice);
                     continue;
                 }
                 let list = slice.to_vec();
                 let asked = self
+                    .base
                     .mesh
                     .ask(owner, |reply| MeshMsg::MarkReferences { list, reply });
                 if let Some(Reply::Marked(n)) = asked.await {
@@ -61,12 +62,12 @@ impl Shard {
     pub fn mark_references(&self, list: &[(u64, u8)]) -> usize {
         let view = self.view();
         let cluster = self.cluster();
-        let mut store = self.store.borrow_mut();
+        let mut store = self.timers.store.borrow_mut();
         let mut marked = 0;
         for &(unique, index) in list {
             assert_eq!(
-                shard_of(unique, self.shards),
-                self.id,
+                shard_of(unique, self.base.shards),
+                self.base.id,
                 "marked on its owner"
             );
             if let Some(t) = store

@@ -42,7 +42,7 @@ pub(super) async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String
     // The log is the first source (`[storage]`): what a resync adds goes
     // over the recovered store, never under it.
     while shard.recovering() {
-        if shard.gate.is_closing() {
+        if shard.base.gate.is_closing() {
             return Err("shutting down".into());
         }
         glommio::timer::sleep(RECOVERY_POLL).await;
@@ -51,14 +51,14 @@ pub(super) async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String
     let Some(me) = cluster.local.and(cluster.local_peer()) else {
         return Err("this node is leaving: it serves resyncs but runs none".into());
     };
-    let c = &shard.resolved.config.cluster;
+    let c = &shard.base.resolved.config.cluster;
     let timeout = Duration::from_millis(c.resync_timeout_ms);
     let client = Client::new(ClientConfig {
         timeout,
         connect_timeout: timeout.min(Duration::from_secs(1)),
         per_host_max: 1,
     })
-    .with_peer_tls(shard.resolved.peer_tls.as_ref().map(tls::for_shard));
+    .with_peer_tls(shard.base.resolved.peer_tls.as_ref().map(tls::for_shard));
     let peers: Vec<usize> = (0..cluster.all_nodes().count())
         .filter(|&p| p != me)
         .collect();
@@ -83,7 +83,7 @@ pub(super) async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String
             Ok(()) => {}
         }
         left.fetch_sub(1, Relaxed);
-        if shard.gate.is_closing() {
+        if shard.base.gate.is_closing() {
             return Err("shutting down".into());
         }
         if shard.cluster().view_id != cluster.view_id {
@@ -112,7 +112,7 @@ impl Run<'_> {
     /// Page through one node's listing.
     async fn sync_from(&mut self, peer: usize) -> Result<(), String> {
         let node = self.cluster.node_at(peer);
-        let c = &self.shard.resolved.config.cluster;
+        let c = &self.shard.base.resolved.config.cluster;
         let range = c.resync_page_timers.to_string();
         let mut cursor: Option<String> = None;
         loop {
@@ -146,7 +146,7 @@ impl Run<'_> {
                 Some(_) => return Err("the listing did not advance".into()),
                 None => return Ok(()),
             }
-            if self.shard.gate.is_closing() {
+            if self.shard.base.gate.is_closing() {
                 return Err("shutting down".into());
             }
         }
@@ -204,7 +204,11 @@ impl Run<'_> {
         }
         let (replicate, tombstone) = (shard.without_me(replicate), shard.without_me(tombstone));
         self.room
-            .wait(&shard.gate, &shard.replicator, replicate | tombstone)
+            .wait(
+                &shard.base.gate,
+                &shard.outbound.replicator,
+                replicate | tombstone,
+            )
             .await?;
         let (mut head, _) = shard.replica_head(id, &spec);
         // The start came as a delta to the serving node's clock when it
@@ -284,11 +288,11 @@ impl Run<'_> {
         body: &[u8],
     ) -> Result<Vec<u8>, String> {
         let shard = self.shard;
-        let retry = Duration::from_millis(shard.resolved.config.cluster.resync_peer_retry_ms);
+        let retry = Duration::from_millis(shard.base.resolved.config.cluster.resync_peer_retry_ms);
         let deadline = Instant::now() + retry;
         let host = node.socket.ip().to_string();
         let mut all: Vec<(&str, &[u8])> = headers.to_vec();
-        if let Some(value) = crate::shard::authorization(&shard.resolved) {
+        if let Some(value) = crate::shard::authorization(&shard.base.resolved) {
             all.push(("Authorization", value.as_bytes()));
         }
         let headers = &all[..];
@@ -320,12 +324,12 @@ impl Run<'_> {
             if shard.cluster().view_id != self.cluster.view_id {
                 return Err(VIEW_CHANGED.into());
             }
-            if Instant::now() + backoff > deadline || shard.gate.is_closing() {
+            if Instant::now() + backoff > deadline || shard.base.gate.is_closing() {
                 return Err(error);
             }
             log_retry(node, first_failure, &mut logged, &error, retry);
             let sleep = glommio::timer::sleep(backoff);
-            future::or(sleep, shard.gate.closing()).await;
+            future::or(sleep, shard.base.gate.closing()).await;
             backoff_ms = (backoff_ms * 2).min(BACKOFF_MS_MAX);
         }
     }

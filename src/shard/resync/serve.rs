@@ -54,7 +54,7 @@ impl Shard {
                 return ShardPage { entries, looked_to };
             }
             if let Some(ahead) = keys.get(start + examined + PREFETCH_AHEAD) {
-                self.store.borrow().prefetch(ahead.slab);
+                self.timers.store.borrow().prefetch(ahead.slab);
             }
             let fresh = on_page.insert(key.at.unique);
             if let Some(entry) = fresh.then(|| self.entry_json(key, &q)).flatten() {
@@ -74,7 +74,7 @@ impl Shard {
     fn entry_json(&self, key: &Listed, q: &Query) -> Option<Vec<u8>> {
         let unique = key.at.unique;
         let cluster = self.cluster();
-        let store = self.store.borrow();
+        let store = self.timers.store.borrow();
         let wheel = store.get_at(key.slab, unique).map(|(_, t)| t);
         let mut replicas = [0usize; NODES_MAX];
         let mut n = 0;
@@ -104,7 +104,7 @@ impl Shard {
             .collect();
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = store.tag_pairs(t, &mut tags);
-        let sites = self.resolved.sites.names(t.sites);
+        let sites = self.base.resolved.sites.names(t.sites);
         let callback = (t.uri(), t.opaque());
         let tags = &tags[..tag_count];
         let mut body = body_of(&t.head(), callback, tags, &new, &sites, cluster.view_id);
@@ -135,12 +135,13 @@ impl Shard {
         // core: a listing's first page (a session scan of every shard)
         // costs the slowest shard's scan, not the sum of them, against the
         // requester's resync-timeout-ms.
-        let asks: Vec<_> = (0..self.shards)
-            .filter(|p| *p != self.id)
+        let asks: Vec<_> = (0..self.base.shards)
+            .filter(|p| *p != self.base.id)
             .map(|peer| {
                 let me = self.clone();
                 glommio::spawn_local(async move {
                     let part = me
+                        .base
                         .mesh
                         .ask(peer, |reply| MeshMsg::Resync { query: q, reply });
                     match part.await {

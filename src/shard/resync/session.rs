@@ -69,7 +69,7 @@ impl Shard {
         let view = self.view();
         let now = clock::now_ms();
         {
-            let mut sessions = self.sessions.0.borrow_mut();
+            let mut sessions = self.resync.sessions.0.borrow_mut();
             drop_sessions(&mut sessions, |s| {
                 now.saturating_sub(s.used_ms) >= SESSION_IDLE_MS || s.view != view
             });
@@ -84,7 +84,7 @@ impl Shard {
         let keys = Rc::new(self.scan_matching(q).await);
         // Idle from now: a slow build must not count against the session.
         let now = clock::now_ms();
-        let mut sessions = self.sessions.0.borrow_mut();
+        let mut sessions = self.resync.sessions.0.borrow_mut();
         drop_sessions(&mut sessions, |s| {
             s.node == q.node && s.all_views == q.all_views
         });
@@ -107,13 +107,14 @@ impl Shard {
     async fn scan_matching(&self, q: &Query) -> Vec<Listed> {
         // Room for every timer at once: growing by doubling copied up to
         // 12 MB in one go (the pages are only touched as keys come).
-        let mut keys = Vec::with_capacity(self.store.borrow().len());
+        let mut keys = Vec::with_capacity(self.timers.store.borrow().len());
         let mut next = Some(0);
         let mut pacer = Pacer::new();
         let mut replicas = [0usize; NODES_MAX];
         while let Some(from) = next {
             let cluster = self.cluster();
             next = self
+                .timers
                 .store
                 .borrow()
                 .scan_slice(from, SCAN_SLICE, |slab, due, t| {
@@ -158,13 +159,13 @@ impl Shard {
     /// slices is skipped, as the store scan skips what it no longer holds.
     async fn info_keys(&self, q: &Query, pacer: &mut Pacer) -> Vec<Listed> {
         // At most INFORMATIONAL_MAX IDs.
-        let ids = self.store.borrow().info_ids();
+        let ids = self.timers.store.borrow().info_ids();
         let mut keys = Vec::new();
         let mut replicas = [0usize; NODES_MAX];
         for slice in ids.chunks(SCAN_SLICE) {
             let cluster = self.cluster();
             {
-                let store = self.store.borrow();
+                let store = self.timers.store.borrow();
                 for &unique in slice {
                     // An informational copy stands in only behind a tombstone.
                     if store.get(unique).is_some_and(|(_, w)| !w.is_tombstone()) {

@@ -39,13 +39,13 @@ impl Trigger {
 
 /// Shard 0's resync loop: one run per (coalesced) request, until shutdown.
 pub async fn resync_loop(shard: Rc<Shard>) {
-    assert_eq!(shard.id, 0, "the resync runs on shard 0");
-    while !shard.gate.is_closing() {
-        let Some(all_views) = shard.rebalance.pending.take() else {
-            future::or(shard.rebalance.wake.wait(), shard.gate.closing()).await;
+    assert_eq!(shard.base.id, 0, "the resync runs on shard 0");
+    while !shard.base.gate.is_closing() {
+        let Some(all_views) = shard.resync.trigger.pending.take() else {
+            future::or(shard.resync.trigger.wake.wait(), shard.base.gate.closing()).await;
             continue;
         };
-        let t = &shard.rebalance;
+        let t = &shard.resync.trigger;
         t.started.set(t.started.get() + 1);
         run_recorded(&shard, all_views).await;
     }
@@ -62,7 +62,7 @@ async fn run_recorded(shard: &Rc<Shard>, all_views: bool) {
     // breath: measured (`GET /cluster`, "stretch-us-max").
     let mut result = bulk::metered(run(shard, all_views)).await;
     // A reload during the run: it starts again under the new view.
-    while result.as_ref().is_err_and(|e| e == VIEW_CHANGED) && !shard.gate.is_closing() {
+    while result.as_ref().is_err_and(|e| e == VIEW_CHANGED) && !shard.base.gate.is_closing() {
         tracing::warn!(target: "chronos::resync", "{kind}: {VIEW_CHANGED}; starting again");
         result = bulk::metered(run(shard, all_views)).await;
     }
@@ -87,10 +87,11 @@ impl Shard {
     /// Ask for a resync from any shard: shard 0 runs it. The number of the
     /// run that will serve the request.
     pub async fn request_resync(&self, all_views: bool) -> Option<u64> {
-        if self.id == 0 {
-            return Some(self.rebalance.request(all_views));
+        if self.base.id == 0 {
+            return Some(self.resync.trigger.request(all_views));
         }
         let reply = self
+            .base
             .mesh
             .ask(0, |reply| MeshMsg::StartResync { all_views, reply })
             .await;
