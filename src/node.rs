@@ -243,7 +243,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
     if let Some(q) = &node.queue {
         QueueShard::start(q.clone(), index, node.stats.clone(), gate.clone());
     }
-    shard.my_stats().up.store(true, Ordering::Relaxed);
+    shard.base.my_stats().up.store(true, Ordering::Relaxed);
     announce_if_ready(&shard, &node.announced);
     let http = &resolved.config.http;
     let limits = Limits {
@@ -285,7 +285,11 @@ fn start_timers(shard: &Rc<Shard>, node: &NodeShared, index: usize) {
             let (shard, announced) = (shard.clone(), node.announced.clone());
             glommio::spawn_local(async move {
                 durable::recover(&shard, dir, recovered).await;
-                shard.my_stats().recovering.store(false, Ordering::Relaxed);
+                shard
+                    .base
+                    .my_stats()
+                    .recovering
+                    .store(false, Ordering::Relaxed);
                 announce_if_ready(&shard, &announced);
                 if shard.base.id == 0 && shard.base.stats[0].catching_up.load(Ordering::Acquire) {
                     handoff::catch_up(&shard).await;
@@ -370,7 +374,7 @@ fn ready_check(node: &Arc<NodeShared>) -> ReadyCheck {
 /// Apply reloaded clusters (SIGHUP) until shutdown.
 async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Reloaded>>) {
     while let Some(Ok(next)) = shard.base.gate.unless_closing(reloads.recv()).await {
-        let before = shard.cluster().view_id;
+        let before = shard.timers.cluster().view_id;
         shard.set_cluster(&next.cluster);
         if next.cluster.view_id != before && shard.has_peers() {
             shard.base.gate.spawn(resend_deletes(shard.clone()));
@@ -381,7 +385,7 @@ async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Rel
             .borrow_mut()
             .ids
             .set_instance(next.instance_id);
-        shard.set_guard(next.guard.clone());
+        shard.outbound.set_guard(next.guard.clone());
     }
 }
 
@@ -392,7 +396,7 @@ fn start_resync(shard: &Rc<Shard>, signals: async_channel::Receiver<()>) {
     assert_eq!(shard.base.id, 0, "shard 0 runs the resyncs");
     shard.base.gate.spawn(resync_loop(shard.clone()));
     let at_start = shard.base.resolved.config.cluster.resync_at_start;
-    if at_start && shard.has_peers() && shard.cluster().local.is_some() {
+    if at_start && shard.has_peers() && shard.timers.cluster().local.is_some() {
         shard.resync.trigger.request(true);
     }
     let shard = shard.clone();
@@ -417,7 +421,7 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
             let applied = shard
                 .storage_admits()
                 .and_then(|()| shard.apply(head, spec.as_deref(), source));
-            match shard.log() {
+            match shard.durable.log() {
                 // With a log, the answer waits until the change is durable.
                 Some(_) if applied.is_ok() => {
                     let shard = shard.clone();

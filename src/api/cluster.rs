@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 /// `GET /cluster`: this node's view and the resync's state, as JSON.
 pub fn cluster_report(shard: &Shard) -> String {
-    let c = shard.cluster();
+    let c = shard.timers.cluster();
     let names = |l: &[Node]| l.iter().map(|n| n.address.clone()).collect::<Vec<_>>();
     let members = c.nodes.len() - c.joining;
     let s = &shard.base.stats[0];

@@ -81,7 +81,7 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
     let started = Instant::now();
     let route = Cell::new(route_of(req));
     let status = answer(api, req, out, close, &route).await;
-    api.shard.my_stats().request_duration[route.get()]
+    api.shard.base.my_stats().request_duration[route.get()]
         .record_duration(&REQUEST_BOUNDS_US, started.elapsed());
     status
 }
@@ -224,7 +224,7 @@ async fn resync(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             )
         }
     };
-    if shard.cluster().local.is_none() {
+    if shard.timers.cluster().local.is_none() {
         return error(
             out,
             409,
@@ -261,7 +261,7 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
         );
     }
     match req.method {
-        Method::Post if !shard.admit_client() => overloaded(out, close),
+        Method::Post if !shard.admission.admit(shard.base.my_stats()) => overloaded(out, close),
         // Matched by reference: moving the spec out of the `Result` was a
         // ~150-byte copy per POST.
         Method::Post => match &spec::parse(req.body, uri::check) {
@@ -269,12 +269,12 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
             // tombstone); a POST creates a timer, which needs one.
             Ok(s) if s.is_tombstone() => error(out, 400, POST_NEEDS_CALLBACK, close),
             Ok(s) => {
-                let started = shard.latency_start();
+                let started = shard.admission.latency_start();
                 if let Err((status, reason)) = guard_admits(shard, s).await {
                     return error(out, status, &reason, close);
                 }
                 let result = create_durable(shard, s).await;
-                shard.record_latency_since(started);
+                shard.admission.record_latency_since(started);
                 timer_result(out, result, close)
             }
             Err(reason) => error(out, 400, reason, close),
@@ -310,7 +310,7 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
 /// this node's list when they pop (the client checks every callback's
 /// address).
 async fn guard_admits(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<(), (u16, String)> {
-    let Some(guard) = shard.guard() else {
+    let Some(guard) = shard.outbound.guard() else {
         return Ok(());
     };
     let target = uri::parse(&s.uri).map_err(|e| (400, e))?;
@@ -372,26 +372,26 @@ async fn timer(
                 let result = shard.replica_update(id, s).await;
                 timer_result(out, result, close)
             }
-            Ok(_) if !shard.admit_client() => overloaded(out, close),
+            Ok(_) if !shard.admission.admit(shard.base.my_stats()) => overloaded(out, close),
             Ok(s) => {
                 if let Err(e) = shard.storage_admits_growth() {
                     return error(out, e.status, &e.reason, close);
                 }
-                let started = shard.latency_start();
+                let started = shard.admission.latency_start();
                 if let Err((status, reason)) = guard_admits(shard, &s).await {
                     return error(out, status, &reason, close);
                 }
                 let result = shard.client_update(id, s).await;
-                shard.record_latency_since(started);
+                shard.admission.record_latency_since(started);
                 timer_result(out, result, close)
             }
             Err(reason) => error(out, 400, &reason, close),
         },
-        Method::Delete if !shard.admit_client() => overloaded(out, close),
+        Method::Delete if !shard.admission.admit(shard.base.my_stats()) => overloaded(out, close),
         Method::Delete => {
-            let started = shard.latency_start();
+            let started = shard.admission.latency_start();
             let result = shard.client_delete(id).await;
-            shard.record_latency_since(started);
+            shard.admission.record_latency_since(started);
             match result {
                 Ok(()) => text(out, 200, "", close),
                 Err(e) => error(out, e.status, &e.reason, close),
@@ -451,7 +451,7 @@ pub const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 /// with the reason; counted (`chronos_internal_refused_total`) and logged
 /// (rate-limited).
 fn forbidden(api: &Api, req: &Request<'_>, kind: Refused, out: &mut Vec<u8>, close: bool) -> u16 {
-    crate::stats::ShardStats::add(&api.shard.my_stats().internal_refused, 1);
+    crate::stats::ShardStats::add(&api.shard.base.my_stats().internal_refused, 1);
     let reason = match kind {
         Refused::Internal => INTERNAL_REFUSED,
         Refused::Admin => ADMIN_REFUSED,

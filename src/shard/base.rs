@@ -21,3 +21,15 @@ pub struct Base {
     /// Closed at shutdown; the pop loop and the replication senders hold it.
     pub gate: Rc<Gate>,
 }
+
+impl Base {
+    /// This shard's own stats.
+    pub fn my_stats(&self) -> &ShardStats {
+        &self.stats[self.id]
+    }
+
+    /// `[timers] replica-skew-ms`.
+    pub fn skew_ms(&self) -> u64 {
+        self.resolved.config.timers.replica_skew_ms
+    }
+}

@@ -36,12 +36,14 @@ pub struct Durable {
     pub(super) flusher: RefCell<Option<glommio::Task<()>>>,
 }
 
-impl Shard {
+impl Durable {
     /// The timer log, once recovery has opened it.
     pub fn log(&self) -> Option<&Rc<Log>> {
-        self.durable.log.get()
+        self.log.get()
     }
+}
 
+impl Shard {
     /// Whether any shard of this node is still replaying its log.
     pub fn recovering(&self) -> bool {
         self.base
@@ -82,7 +84,7 @@ impl Shard {
                 "recovering: the node is replaying its timer log; retry shortly",
             ));
         }
-        match self.log() {
+        match self.durable.log() {
             Some(log) if !log.has_room() => Err(OpError::new(
                 503,
                 match log.failure() {
@@ -99,7 +101,7 @@ impl Shard {
     /// (`503 storage full`). Deletes and pops free space and go on.
     pub fn storage_admits_growth(&self) -> Result<(), OpError> {
         self.storage_admits()?;
-        let Some(log) = self.log() else {
+        let Some(log) = self.durable.log() else {
             return Ok(());
         };
         match log.space_low() {
@@ -118,7 +120,7 @@ impl Shard {
     /// Wait until every change this shard has made so far is durable
     /// (at once without `[storage]` or with `sync = "none"`).
     pub async fn settle(&self) -> Result<(), OpError> {
-        let Some(log) = self.log() else {
+        let Some(log) = self.durable.log() else {
             return Ok(());
         };
         if log.is_closed() {
@@ -146,7 +148,7 @@ impl Shard {
 /// the flusher and compaction. The pop loop starts after this.
 pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> Rc<Log> {
     let started = Instant::now();
-    let stats = shard.my_stats();
+    let stats = shard.base.my_stats();
     assert!(
         stats.recovering.load(Ordering::Relaxed),
         "set before the server"
@@ -232,7 +234,7 @@ async fn watch_space(shard: Rc<Shard>, log: Rc<Log>) {
 
 /// Close the log at shutdown: write what is pending, then end.
 pub async fn close(shard: &Shard, timeout: Duration) {
-    let Some(log) = shard.log() else {
+    let Some(log) = shard.durable.log() else {
         return;
     };
     log.close();
@@ -303,7 +305,7 @@ async fn snapshot(shard: &Shard, log: &Log, dir: &std::path::Path) -> Result<(),
     storage::fault_point("after-snapshot-rename");
     let removed = snapshot::remove_covered(dir, covers_lsn).await?;
     log.snapshot_taken(bytes, log.since_snapshot_bytes() - since_at_start);
-    let stats = shard.my_stats();
+    let stats = shard.base.my_stats();
     ShardStats::add(&stats.storage_snapshots, 1);
     let took = started.elapsed();
     stats.record_storage_snapshot(took);

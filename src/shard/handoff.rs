@@ -79,7 +79,7 @@ impl Shard {
     /// load the queues are never empty).
     pub async fn handoff(&self, query: &str) -> Result<String, (u16, String)> {
         let (node, wait_ms) = handoff_query(query)?;
-        if self.cluster().peer_of(&node).is_none() {
+        if self.timers.cluster().peer_of(&node).is_none() {
             return Err((404, format!("{node} is not a node of this cluster")));
         }
         let deadline = Instant::now() + Duration::from_millis(wait_ms);
@@ -138,7 +138,7 @@ pub async fn catch_up(shard: &Rc<Shard>) {
         glommio::timer::sleep(POLL).await;
     }
     let deadline = started + Duration::from_millis(CATCH_UP_MS_MAX);
-    let cluster = shard.cluster();
+    let cluster = shard.timers.cluster();
     let timeout = Duration::from_millis(shard.base.resolved.config.cluster.replication_timeout_ms);
     let client = Rc::new(
         Client::new(ClientConfig {

@@ -56,19 +56,16 @@ pub use store::Store;
 
 use crate::cluster::Cluster;
 use crate::config::Resolved;
-use crate::http::client::CallbackKey;
-use crate::http::guard::Guard;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::runtime::mesh::Mesh;
 use crate::stats::{ShardStats, POP_LATENESS_BOUNDS_US};
 use admission::Admission;
 use base::Base;
-use outbound::{replication_peers, Outbound};
+use outbound::Outbound;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 use timers::Timers;
 
 /// Everything one shard owns, as parts: each a type with its own state.
@@ -127,7 +124,7 @@ impl Shard {
     /// What the client asks of the shard and tells it: the callback guard,
     /// whether a queued callback is still wanted, when one went out.
     fn hook_client(self: &Rc<Shard>) {
-        self.set_guard(self.base.resolved.guard.clone());
+        self.outbound.set_guard(self.base.resolved.guard.clone());
         // `chronos_pop_lateness_seconds`: due time to the first byte sent.
         let (stats, me) = (self.base.stats.clone(), self.base.id);
         self.outbound.client.set_sent(Box::new(move |key, at| {
@@ -137,10 +134,14 @@ impl Shard {
                 .pop_lateness
                 .record_duration(&POP_LATENESS_BOUNDS_US, late);
         }));
-        // Weak: the client belongs to the shard.
+        // Whether a callback still waiting for its lane should be sent: no
+        // operation has replaced or deleted its incarnation since its pop
+        // was taken (`PopState::dispatched`). Weak: the client belongs to
+        // the shard.
         let weak = Rc::downgrade(self);
         self.outbound.client.set_wanted(Box::new(move |key| {
-            weak.upgrade().is_none_or(|s| s.callback_wanted(key))
+            weak.upgrade()
+                .is_none_or(|s| s.pop.is_wanted(key.unique, key.version))
         }));
     }
 
@@ -149,79 +150,25 @@ impl Shard {
     /// their placement until their next pop or update re-places them
     /// (passive rebalancing, seed 001).
     pub fn set_cluster(&self, cluster: &Cluster) {
-        self.outbound
-            .replicator
-            .set_peers(&replication_peers(cluster));
+        self.outbound.set_peers(cluster);
         self.timers.view.set(cluster);
-    }
-
-    /// Take a callback guard (at start, and at each reload): checked when
-    /// a client creates or updates a timer, and by the client on the
-    /// address each callback is about to use.
-    pub fn set_guard(&self, guard: Option<Arc<Guard>>) {
-        self.outbound.client.set_guard(guard.clone());
-        *self.outbound.guard.borrow_mut() = guard;
-    }
-
-    /// The callback guard now (`None`: none configured).
-    pub fn guard(&self) -> Option<Arc<Guard>> {
-        self.outbound.guard.borrow().clone()
-    }
-
-    /// The current view's fingerprint (stored with every incarnation).
-    pub(crate) fn view(&self) -> u32 {
-        self.timers.view.fingerprint()
-    }
-
-    pub fn my_stats(&self) -> &ShardStats {
-        &self.base.stats[self.base.id]
-    }
-
-    pub fn cluster(&self) -> Rc<Cluster> {
-        self.timers.view.cluster()
-    }
-
-    fn skew_ms(&self) -> u64 {
-        self.base.resolved.config.timers.replica_skew_ms
     }
 
     /// Whether any other node exists: only then are there replicas to
     /// tell, and stale messages for tombstones to stop.
     pub fn has_peers(&self) -> bool {
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         cluster.nodes.len() + cluster.leaving.len() > 1
     }
 
     /// Whether stale messages can come from elsewhere (other nodes, or
     /// other sites), so that deletes and final pops leave tombstones.
-    /// Whether a callback still waiting for its lane should be sent: no
-    /// operation has replaced or deleted its incarnation since its pop
-    /// was taken (`PopState::dispatched`).
-    pub fn callback_wanted(&self, key: &CallbackKey) -> bool {
-        self.pop.is_wanted(key.unique, key.version)
-    }
-
     pub fn keeps_tombstones(&self) -> bool {
         self.has_peers() || self.base.resolved.sites.replicating()
     }
 
-    fn next_version(&self) -> u64 {
-        self.next_version_at(clock::unix_us())
-    }
-
-    /// [`Shard::next_version`] with the wall clock (µs) already read.
-    fn next_version_at(&self, now_us: u64) -> u64 {
-        let v = now_us.max(self.timers.last_version_us.get() + 1);
-        assert!(
-            v > self.timers.last_version_us.get(),
-            "versions strictly increase"
-        );
-        self.timers.last_version_us.set(v);
-        v
-    }
-
     pub fn refresh_gauges(&self, store: &Store) {
-        let stats = self.my_stats();
+        let stats = self.base.my_stats();
         stats
             .timers_pending
             .store(store.len() as i64, Ordering::Relaxed);
@@ -278,48 +225,5 @@ impl Shard {
             }
         }
         merged.into_iter().collect()
-    }
-}
-
-impl Shard {
-    /// Admit a client request (`false`: refuse it with 503).
-    pub fn admit_client(&self) -> bool {
-        let Some(t) = &self.admission.throttle else {
-            return true;
-        };
-        let admitted = t.admit(Instant::now());
-        let s = self.my_stats();
-        s.throttle_tokens
-            .store(t.tokens() as i64, Ordering::Relaxed);
-        s.throttle_rate.store(t.rate() as i64, Ordering::Relaxed);
-        if !admitted {
-            ShardStats::add(&s.throttled, 1);
-        }
-        admitted
-    }
-
-    /// A latency the bucket steers by: a client request's, or a pop's
-    /// lateness (what a timer service promises).
-    pub fn record_latency(&self, latency_us: u64) {
-        if let Some(t) = &self.admission.throttle {
-            t.record(latency_us, Instant::now());
-        }
-    }
-
-    /// The start of a client operation whose latency the throttle takes;
-    /// `None` without a throttle (`[throttling]` off), so that no clock
-    /// is read for a latency nothing uses (two reads per `POST`).
-    pub fn latency_start(&self) -> Option<Instant> {
-        self.admission.throttle.as_ref().map(|_| Instant::now())
-    }
-
-    /// The throttle takes the latency since `started` ([`Shard::latency_start`]),
-    /// with one clock read for both the latency and its time.
-    pub fn record_latency_since(&self, started: Option<Instant>) {
-        if let (Some(t), Some(started)) = (&self.admission.throttle, started) {
-            let now = Instant::now();
-            let latency_us = now.saturating_duration_since(started).as_micros() as u64;
-            t.record(latency_us, now);
-        }
     }
 }

@@ -55,7 +55,7 @@ impl Shard {
     }
 
     pub(super) fn placement(&self, unique: u64, factor: usize) -> Placement {
-        Placement::of(&self.cluster(), unique, factor)
+        Placement::of(&self.timers.cluster(), unique, factor)
     }
 
     pub(super) fn without_me(&self, mask: u64) -> u64 {
@@ -73,11 +73,11 @@ impl Shard {
         TimerHead {
             id,
             start_ms: clock::now_ms_ceil(),
-            version: self.next_version_at(now_us),
+            version: self.timers.next_version_at(now_us),
             interval_ms: spec.interval_ms,
             repeat_for_ms: spec.repeat_for_ms,
             sequence: 0,
-            view: self.view(),
+            view: self.timers.view(),
             replica_index: pl.my_index.unwrap_or(0),
             replication_factor: pl.count as u8,
             factor_requested,
@@ -105,7 +105,7 @@ impl Shard {
         );
         let mut pl = Placement::empty();
         pl.fill(
-            &self.cluster(),
+            &self.timers.cluster(),
             unique,
             self.factor_requested(spec) as usize,
         );
@@ -118,7 +118,7 @@ impl Shard {
         if pl.my_index.is_some() {
             self.apply(head, Some(spec), Source::Client)?;
         } else {
-            ShardStats::add(&self.my_stats().timers_created, 1);
+            ShardStats::add(&self.base.my_stats().timers_created, 1);
         }
         let ticket = self.open_ticket(pl.my_index.is_none());
         self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()), true);
@@ -242,18 +242,18 @@ impl Shard {
         let head = TimerHead {
             id,
             start_ms: clock::now_ms_ceil(),
-            version: self.next_version(),
+            version: self.timers.next_version(),
             interval_ms: 0,
             repeat_for_ms: 0,
             sequence: 0,
-            view: self.view(),
+            view: self.timers.view(),
             replica_index: 0,
             replication_factor: 1,
             factor_requested: self.default_factor(),
             site_index: 0,
             sites: self.base.resolved.sites.own_list(),
         };
-        let named = self.cluster().bloom_matches(id.bloom);
+        let named = self.timers.cluster().bloom_matches(id.bloom);
         let guess = self.default_factor().max(named.count_ones() as u8) as usize;
         self.check_queued(
             &self.placement(id.unique, guess),
@@ -278,7 +278,7 @@ impl Shard {
         if targets == 0 {
             return;
         }
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let mut names = [""; NODES_MAX];
         let mut n = 0;
         for (i, node) in cluster.all_nodes().enumerate() {
@@ -299,7 +299,7 @@ impl Shard {
     /// so a delete placed with the default alone missed the replicas a
     /// grow gave a timer of a larger factor (issue 37).
     pub(super) fn holders(&self, id: TimerId, stored_factor: u8) -> u64 {
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let named = cluster.bloom_matches(id.bloom);
         let factor = self
             .default_factor()
@@ -325,7 +325,7 @@ impl Shard {
         spec: TimerSpec<'_>,
     ) -> Result<TimerId, OpError> {
         let (head, is_replica) = self.replica_head(id, &spec);
-        ShardStats::add(&self.my_stats().replication_received, 1);
+        ShardStats::add(&self.base.my_stats().replication_received, 1);
         let source = source_of(&spec);
         let local = (is_replica && !spec.is_tombstone()).then_some(spec);
         self.route_apply(head, local, source).await?;
@@ -350,16 +350,16 @@ impl Shard {
         let pl = self.placement(id.unique, factor as usize);
         let (mut head, _) = self.replica_head(id, &spec);
         head.id.bloom = pl.bloom;
-        head.view = self.view();
+        head.view = self.timers.view();
         head.replica_index = pl.my_index.unwrap_or(0);
         head.replication_factor = pl.count as u8;
         head.factor_requested = factor;
-        ShardStats::add(&self.my_stats().site_received, 1);
+        ShardStats::add(&self.base.my_stats().site_received, 1);
         let mut targets = pl.mask();
         if spec.is_tombstone() {
-            targets |= self.cluster().bloom_matches(id.bloom);
+            targets |= self.timers.cluster().bloom_matches(id.bloom);
         }
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let (names, n) = pl.names(&cluster);
         let tags: Vec<(&str, u32)> = spec.tags.iter().map(|(t, c)| (t.as_ref(), *c)).collect();
         let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
@@ -384,7 +384,7 @@ impl Shard {
             .replication
             .as_ref()
             .expect("replica_update is called for replication bodies");
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let now = clock::now_ms_ceil();
         let delta_ms = r
             .start_time_delta_ms
@@ -406,7 +406,7 @@ impl Shard {
                 .unwrap_or_else(|| address_bloom(a))
         });
         let view = match r.cluster_view_id.as_deref() {
-            None => self.view(),
+            None => self.timers.view(),
             Some(text) => text.parse::<u64>().map(view_fingerprint).unwrap_or(0),
         };
         let mut head = TimerHead {
@@ -452,7 +452,7 @@ impl Shard {
         // Another node's or site's create can be retried this long behind
         // a delete.
         let late_ms_max = self.replication_late_ms_max();
-        (interval + self.skew_ms() * t.replication_factor().max(1) as u64).max(late_ms_max)
+        (interval + self.base.skew_ms() * t.replication_factor().max(1) as u64).max(late_ms_max)
     }
 
     /// Store an incarnation (`spec: None` or an empty callback: a tombstone)
@@ -477,9 +477,9 @@ impl Shard {
             .get(unique)
             .map(|(due, t)| (due, t.head(), t.is_tombstone()));
         if let Some((_, old, old_tomb)) = &existing {
-            let (current, past) = (self.view(), self.timers.view.past());
+            let (current, past) = (self.timers.view(), self.timers.view.past());
             if !conflict::admits(source, (&head, tombstone), (old, *old_tomb), current, &past) {
-                ShardStats::add(&self.my_stats().replication_stale, 1);
+                ShardStats::add(&self.base.my_stats().replication_stale, 1);
                 return Ok(old.factor_requested);
             }
         } else if store.len() >= self.base.resolved.config.timers.timers_per_shard_max {
@@ -520,7 +520,7 @@ impl Shard {
         if let Some(due) = placed {
             self.pop.wake_if_before(due);
         }
-        if source != Source::Client && head.sequence == 0 && head.view != self.view() {
+        if source != Source::Client && head.sequence == 0 && head.view != self.timers.view() {
             self.pass_on(&head);
         }
         Ok(stored_factor)
@@ -534,7 +534,7 @@ impl Shard {
     /// missed the joiner, which popped the timer). A node of the same view
     /// receiving it does not pass it on again.
     fn pass_on(&self, head: &TimerHead) {
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let factor = self.default_factor().max(head.factor_requested) as usize;
         let named = cluster.bloom_matches(head.id.bloom);
         let mine = self.placement(head.id.unique, factor).mask();
@@ -554,15 +554,15 @@ impl Shard {
             store.drop_info(old.unique);
             return;
         }
-        let moved = old.view != self.view() && new.view != old.view;
+        let moved = old.view != self.timers.view() && new.view != old.view;
         if moved && !old.is_tombstone() && old.informed() != 0 {
             let kept = store.keep_info(old.share());
-            ShardStats::add(&self.my_stats().resync_informational, kept as u64);
+            ShardStats::add(&self.base.my_stats().resync_informational, kept as u64);
         }
     }
 
     fn count_client_op(&self, tombstone: bool, old_live: bool) {
-        let stats = self.my_stats();
+        let stats = self.base.my_stats();
         match (tombstone, old_live) {
             (false, false) => ShardStats::add(&stats.timers_created, 1),
             (false, true) => ShardStats::add(&stats.timers_updated, 1),
@@ -582,7 +582,7 @@ impl Shard {
         old_due: Option<u64>,
     ) -> Option<u64> {
         if !timer.is_tombstone() && timer.has_next_pop() {
-            let due = timer.next_pop_ms(self.skew_ms());
+            let due = timer.next_pop_ms(self.base.skew_ms());
             store.insert(due, timer);
             return Some(due);
         }
@@ -619,7 +619,7 @@ impl Shard {
             self.settle().await?;
             return Ok(stored_factor);
         }
-        ShardStats::add(&self.my_stats().mesh_forwarded, 1);
+        ShardStats::add(&self.base.my_stats().mesh_forwarded, 1);
         let reply = self
             .base
             .mesh

@@ -26,7 +26,7 @@ pub struct Outbound {
     pub sites_out: Replicator,
     /// `[timers] callback-allow` (a reload replaces it); `None`: callbacks
     /// may go anywhere.
-    pub(super) guard: RefCell<Option<Arc<Guard>>>,
+    guard: RefCell<Option<Arc<Guard>>>,
 }
 
 impl Outbound {
@@ -69,6 +69,24 @@ impl Outbound {
             sites_out,
             guard: RefCell::new(None),
         }
+    }
+
+    /// A new cluster view's peers for the replicator (a reload).
+    pub(super) fn set_peers(&self, cluster: &Cluster) {
+        self.replicator.set_peers(&replication_peers(cluster));
+    }
+
+    /// Take a callback guard (at start, and at each reload): checked when
+    /// a client creates or updates a timer, and by the client on the
+    /// address each callback is about to use.
+    pub fn set_guard(&self, guard: Option<Arc<Guard>>) {
+        self.client.set_guard(guard.clone());
+        *self.guard.borrow_mut() = guard;
+    }
+
+    /// The callback guard now (`None`: none configured).
+    pub fn guard(&self) -> Option<Arc<Guard>> {
+        self.guard.borrow().clone()
     }
 }
 
@@ -115,7 +133,7 @@ fn sites_replicator(
 
 /// Every node's `(address, socket)` in the cluster's peer order: the
 /// replicator's peer list.
-pub(super) fn replication_peers(cluster: &Cluster) -> Vec<(String, std::net::SocketAddr)> {
+fn replication_peers(cluster: &Cluster) -> Vec<(String, std::net::SocketAddr)> {
     cluster
         .all_nodes()
         .map(|n| (n.address.clone(), n.socket))

@@ -269,7 +269,7 @@ pub async fn pop_loop(shard: Rc<Shard>) {
             shard.base.gate.closing().await;
             break;
         }
-        if shard.log().is_some_and(|l| l.is_behind()) {
+        if shard.durable.log().is_some_and(|l| l.is_behind()) {
             let wait = rearm(&mut timer, Duration::from_millis(LOG_BEHIND_WAIT_MS));
             future::or(wait, shard.base.gate.closing()).await;
             continue;
@@ -314,7 +314,7 @@ async fn rearm(timer: &mut glommio::timer::Timer, after: Duration) {
 /// Dispatch every due timer and put repeating ones back at their next pop
 /// (the final pop leaves a tombstone one more life, when there are peers).
 fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
-    let stats = shard.my_stats();
+    let stats = shard.base.my_stats();
     let pop = &shard.pop;
     let logged = shard.timers.store.borrow().logged();
     let skew = shard.base.resolved.config.timers.replica_skew_ms;
@@ -342,7 +342,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
             continue;
         };
         ShardStats::add(&stats.timers_popped, 1);
-        shard.record_latency(late_ms * 1000);
+        shard.admission.record_latency(late_ms * 1000);
         // This pop as it is taken: what its callback sends and its success
         // replicates, even when the next pop has been taken by then (a
         // callback slower than the interval).
@@ -398,7 +398,7 @@ fn pop_wait(shard: &Shard, timer: &Timer, target: u64, late_ms: u64) -> Option<O
 /// target's next callback ends (or its fallback time), so a slow or
 /// hanging target never holds up other targets' pops. Late, not lost.
 fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Timer) {
-    let stats = shard.my_stats();
+    let stats = shard.base.my_stats();
     let wait_ms = shard.base.resolved.config.timers.callback_wait_ms;
     let later = has_later_pop_elsewhere(shard, &timer);
     if later && late_ms >= wait_ms {
@@ -565,7 +565,7 @@ async fn run_callback(job: PopJob) {
         .client
         .callback(popped.uri(), popped.opaque().as_bytes(), key, wait)
         .await;
-    let stats = shard.my_stats();
+    let stats = shard.base.my_stats();
     stats.record_callback_latency(started.elapsed().as_micros() as u64);
     match result {
         Ok(()) => {

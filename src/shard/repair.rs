@@ -75,10 +75,10 @@ pub async fn resend_deletes(shard: Rc<Shard>) {
         if pl.my_index.is_none() {
             return 0;
         }
-        shard.without_me(pl.mask() | shard.cluster().bloom_matches(t.bloom))
+        shard.without_me(pl.mask() | shard.timers.cluster().bloom_matches(t.bloom))
     })
     .await;
-    ShardStats::add(&shard.my_stats().replication_resent, queued);
+    ShardStats::add(&shard.base.my_stats().replication_resent, queued);
     if queued > 0 {
         tracing::info!(target: "chronos::replication", "shard {}: re-sent {queued} deletes to the timers' replicas under the new view", shard.base.id);
     }
@@ -96,7 +96,7 @@ async fn repair(shard: &Rc<Shard>, peers: u64) {
         shard.resend_targets_of(t).map_or(0, |(p, _)| p) & peers
     })
     .await;
-    ShardStats::add(&shard.my_stats().replication_repaired, queued);
+    ShardStats::add(&shard.base.my_stats().replication_repaired, queued);
     tracing::info!(target: "chronos::replication", "shard {}: repair of {} done", shard.base.id, names.join(", "));
 }
 

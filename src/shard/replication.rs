@@ -91,7 +91,14 @@ impl Shard {
             return;
         }
         let names = self.base.resolved.sites.names(head.sites);
-        let body = body_of(head, callback, tags, &[], &names, self.cluster().view_id);
+        let body = body_of(
+            head,
+            callback,
+            tags,
+            &[],
+            &names,
+            self.timers.cluster().view_id,
+        );
         for slot in Sites::remote_in(head.sites) {
             self.outbound.sites_out.send(slot - 1, head.id, &body);
         }
@@ -118,7 +125,7 @@ impl Shard {
         if targets == 0 && !sites {
             return;
         }
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = spec.tags.len().min(TAGS_MAX);
@@ -166,7 +173,7 @@ impl Shard {
         let Some((_, t)) = store.get(unique) else {
             return;
         };
-        let view = self.view();
+        let view = self.timers.view();
         let placed = t.view == view
             && t.bloom == pl.bloom
             && pl.my_index == Some(t.replica_index())
@@ -181,7 +188,7 @@ impl Shard {
         let due_ms = match pl.my_index {
             Some(index) => {
                 timer.set_replica_index(index);
-                timer.next_pop_ms(self.skew_ms())
+                timer.next_pop_ms(self.base.skew_ms())
             }
             None => {
                 // No longer a replica: a tombstone of the current view, so
@@ -214,8 +221,8 @@ impl Shard {
         let t = if own { stored } else { popped };
         let unique = t.unique;
         let pl = self.placement(unique, t.factor_requested() as usize);
-        let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
-        let cluster = self.cluster();
+        let targets = self.without_me(pl.mask() | self.timers.cluster().bloom_matches(t.bloom));
+        let cluster = self.timers.cluster();
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = store.tag_pairs(t, &mut tags);

@@ -115,7 +115,7 @@ pub(super) async fn run(shard: Rc<Shard>, recent: Vec<(u64, u64)>) {
         }
         pacer.restart();
         let queued = shard.resend(unique, version);
-        ShardStats::add(&shard.my_stats().replication_resent, queued);
+        ShardStats::add(&shard.base.my_stats().replication_resent, queued);
         resent += queued;
         pacer.tick().await;
     }
@@ -153,7 +153,7 @@ impl Shard {
     pub(super) fn resend_targets_of(&self, t: &crate::timer::Timer) -> Option<(u64, u64)> {
         // A copy logged under a view since replaced (a reload while down)
         // is not sent: placing it under the new view is the resync's.
-        if t.view != self.view() {
+        if t.view != self.timers.view() {
             return None;
         }
         if t.sequence != 0 {
@@ -167,7 +167,7 @@ impl Shard {
         if t.is_tombstone() && pl.my_index.is_none() {
             return None;
         }
-        let peers = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
+        let peers = self.without_me(pl.mask() | self.timers.cluster().bloom_matches(t.bloom));
         let head = t.head();
         let mut sites = 0u64;
         if head.site_index == 0 && self.sends_to_sites(&head) {
@@ -205,7 +205,7 @@ impl Shard {
         let Some((_, t)) = store.get(unique) else {
             return 0;
         };
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let pl = self.placement(unique, self.resend_factor(t) as usize);
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];

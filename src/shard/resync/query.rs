@@ -61,7 +61,7 @@ pub struct ShardPage {
 impl Shard {
     /// Check a resync GET against this shard's cluster view.
     pub fn resync_query(&self, query: &str, range: Option<&[u8]>) -> Result<Query, (u16, String)> {
-        parse_query(&self.cluster(), query, range)
+        parse_query(&self.timers.cluster(), query, range)
     }
 }
 

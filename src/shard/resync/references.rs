@@ -60,8 +60,8 @@ impl Shard {
     /// dropped when it is informational, or held under an old view by a
     /// node that is not one of its new replicas (it would only pop twice).
     pub fn mark_references(&self, list: &[(u64, u8)]) -> usize {
-        let view = self.view();
-        let cluster = self.cluster();
+        let view = self.timers.view();
+        let cluster = self.timers.cluster();
         let mut store = self.timers.store.borrow_mut();
         let mut marked = 0;
         for &(unique, index) in list {
@@ -90,7 +90,7 @@ impl Shard {
                 }
             }
         }
-        ShardStats::add(&self.my_stats().resync_references, marked as u64);
+        ShardStats::add(&self.base.my_stats().resync_references, marked as u64);
         self.refresh_gauges(&store);
         marked
     }

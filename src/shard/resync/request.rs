@@ -47,7 +47,7 @@ pub(super) async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String
         }
         glommio::timer::sleep(RECOVERY_POLL).await;
     }
-    let cluster = shard.cluster();
+    let cluster = shard.timers.cluster();
     let Some(me) = cluster.local.and(cluster.local_peer()) else {
         return Err("this node is leaving: it serves resyncs but runs none".into());
     };
@@ -62,7 +62,7 @@ pub(super) async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String
     let peers: Vec<usize> = (0..cluster.all_nodes().count())
         .filter(|&p| p != me)
         .collect();
-    let left = &shard.my_stats().resync_peers_left;
+    let left = &shard.base.my_stats().resync_peers_left;
     left.store(peers.len() as i64, Relaxed);
     let mut failed = Vec::new();
     let mut run = Run {
@@ -86,7 +86,7 @@ pub(super) async fn run(shard: &Rc<Shard>, all_views: bool) -> Result<(), String
         if shard.base.gate.is_closing() {
             return Err("shutting down".into());
         }
-        if shard.cluster().view_id != cluster.view_id {
+        if shard.timers.cluster().view_id != cluster.view_id {
             return Err(VIEW_CHANGED.into());
         }
     }
@@ -130,7 +130,7 @@ impl Run<'_> {
                 // At most one STRETCH of applying between breaths, so
                 // this shard's pops are not held up by a resync.
                 pacer.tick().await;
-                ShardStats::add(&self.shard.my_stats().resync_received, 1);
+                ShardStats::add(&self.shard.base.my_stats().resync_received, 1);
                 let id = entry.id.clone();
                 match self.apply_entry(entry, received_ms).await {
                     Ok(r) => refs.push(r),
@@ -226,7 +226,7 @@ impl Run<'_> {
         let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
         shard.send_replication(cluster, &head, callback, tags, &new, replicate);
         shard.send_replication(cluster, &head, ("", ""), &[], &new, tombstone);
-        let s = shard.my_stats();
+        let s = shard.base.my_stats();
         ShardStats::add(&s.resync_replicated, replicate.count_ones() as u64);
         ShardStats::add(&s.resync_tombstoned, tombstone.count_ones() as u64);
         if p <= old_pos(me) {
@@ -318,10 +318,10 @@ impl Run<'_> {
                 Ok(r) => answer_error(method, r.status, &r.body),
                 Err(e) => Ok(e),
             };
-            ShardStats::add(&shard.my_stats().resync_peer_errors, 1);
+            ShardStats::add(&shard.base.my_stats().resync_peer_errors, 1);
             let error = error?;
             let backoff = Duration::from_millis(backoff_ms);
-            if shard.cluster().view_id != self.cluster.view_id {
+            if shard.timers.cluster().view_id != self.cluster.view_id {
                 return Err(VIEW_CHANGED.into());
             }
             if Instant::now() + backoff > deadline || shard.base.gate.is_closing() {

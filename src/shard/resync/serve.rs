@@ -73,7 +73,7 @@ impl Shard {
     /// copy, else an informational one.
     fn entry_json(&self, key: &Listed, q: &Query) -> Option<Vec<u8>> {
         let unique = key.at.unique;
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let store = self.timers.store.borrow();
         let wheel = store.get_at(key.slab, unique).map(|(_, t)| t);
         let mut replicas = [0usize; NODES_MAX];
@@ -122,7 +122,7 @@ impl Shard {
         out.extend_from_slice(b",\"Timer\":");
         encode_body(&mut out, &body);
         out.push(b'}');
-        ShardStats::add(&self.my_stats().resync_served, 1);
+        ShardStats::add(&self.base.my_stats().resync_served, 1);
         // Bytes, not a `String`: they go to the socket as they are, and
         // checking a page's megabyte as UTF-8 cost ~2% of a resync's CPU.
         Some(out)

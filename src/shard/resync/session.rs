@@ -66,7 +66,7 @@ impl Shard {
     /// session built by a sliced scan (a listing without a cursor always
     /// starts a new one).
     pub(super) async fn session_keys(self: &Rc<Self>, q: &Query) -> Rc<Vec<Listed>> {
-        let view = self.view();
+        let view = self.timers.view();
         let now = clock::now_ms();
         {
             let mut sessions = self.resync.sessions.0.borrow_mut();
@@ -112,7 +112,7 @@ impl Shard {
         let mut pacer = Pacer::new();
         let mut replicas = [0usize; NODES_MAX];
         while let Some(from) = next {
-            let cluster = self.cluster();
+            let cluster = self.timers.cluster();
             next = self
                 .timers
                 .store
@@ -163,7 +163,7 @@ impl Shard {
         let mut keys = Vec::new();
         let mut replicas = [0usize; NODES_MAX];
         for slice in ids.chunks(SCAN_SLICE) {
-            let cluster = self.cluster();
+            let cluster = self.timers.cluster();
             {
                 let store = self.timers.store.borrow();
                 for &unique in slice {
@@ -175,7 +175,7 @@ impl Shard {
                         continue;
                     };
                     if self.listable(&cluster, t, q, &mut replicas).is_some() {
-                        let due_ms = t.next_pop_ms(self.skew_ms());
+                        let due_ms = t.next_pop_ms(self.base.skew_ms());
                         let at = Cursor { due_ms, unique };
                         keys.push(Listed { at, slab: NO_SLAB });
                     }
@@ -196,12 +196,12 @@ impl Shard {
         q: &Query,
         replicas: &mut [usize; NODES_MAX],
     ) -> Option<(u8, usize)> {
-        if t.is_tombstone() || (t.view == self.view() && !q.all_views) {
+        if t.is_tombstone() || (t.view == self.timers.view() && !q.all_views) {
             return None;
         }
         let n = cluster.replicas_into(t.unique, t.factor_requested() as usize, replicas);
         let index = replicas[..n].iter().position(|&r| r == q.node)? as u8;
         // A DELETE marked this index (and those above it) as knowing it.
-        (t.view == self.view() || index < t.informed()).then_some((index, n))
+        (t.view == self.timers.view() || index < t.informed()).then_some((index, n))
     }
 }

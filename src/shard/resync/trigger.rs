@@ -53,7 +53,7 @@ pub async fn resync_loop(shard: Rc<Shard>) {
 
 /// One run, with its state and outcome in the stats and the log.
 async fn run_recorded(shard: &Rc<Shard>, all_views: bool) {
-    let s = shard.my_stats();
+    let s = shard.base.my_stats();
     s.resync_begin();
     let kind = if all_views { "restore" } else { "resync" };
     tracing::info!(target: "chronos::resync", "{kind} started");
