@@ -3,7 +3,7 @@
 //! travels with a oneshot for the reply. The composition root decides what
 //! each message does on its receiver.
 
-use super::ops::OpError;
+use super::error::OpError;
 use super::resync::query::{Query, ShardPage};
 use crate::timer::{TimerHead, TimerSpec};
 use glommio::channels::oneshot::SharedSender;

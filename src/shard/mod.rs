@@ -18,20 +18,22 @@
 //! | `outbound.rs` | the part `Outbound`: the client, the replicators, the callback guard |
 //! | `admission.rs` | the part `Admission`: the token bucket of `[throttling]` |
 //! | `store.rs` | wheel + ID index + tags: the timers themselves |
+//! | `error.rs` | `OpError`: why an operation failed (a leaf the mesh and the operations share) |
 //! | `ops.rs` | timer operations: client create/update/delete, replica updates, `apply` |
 //! | `conflict.rs` | the conflict rules between two incarnations (pure, unit-tested) |
 //! | `replication.rs` | the replication body, built in one place, and pop replication |
 //! | `view.rs` | the cluster view this shard works under, and replica placement |
-//! | `pop.rs` | the pop loop, its state, callback dispatch |
+//! | `pop.rs` | the pop loop, its state (the part `PopState`), callback dispatch |
 //! | `targets.rs` | callback admission per target: in-flight shares, held pops promoted as the target's callbacks end |
-//! | `resync/` | resync, both sides: serving GET pages and DELETE references; requesting: page every node, apply seed 003's rules |
+//! | `resync/` | the part `Resync` (sessions, trigger); resync, both sides: serving GET pages and DELETE references; requesting: page every node, apply seed 003's rules |
 //! | `mesh.rs` | the messages shards exchange |
-//! | `durable.rs` | `[storage]`: recovery into the store, durability waits, compaction |
+//! | `durable.rs` | the part `Durable` (the log, its flusher); `[storage]`: recovery into the store, durability waits, compaction |
 
 pub mod admission;
 pub mod base;
 pub mod conflict;
 pub mod durable;
+mod error;
 pub mod handoff;
 pub mod mesh;
 mod ops;
@@ -47,8 +49,9 @@ mod targets;
 pub mod timers;
 mod view;
 
+pub use error::OpError;
 pub use mesh::{MeshMsg, Reply};
-pub use ops::{OpError, TOMBSTONE_MS_DEFAULT};
+pub use ops::TOMBSTONE_MS_DEFAULT;
 pub use outbound::authorization;
 pub use pop::{pop_loop, PopState, POPS_PER_TURN_MAX};
 pub use repair::{repair_loop, resend_deletes};

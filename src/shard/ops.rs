@@ -3,6 +3,7 @@
 //! incarnation on the shard that owns its ID under the conflict rules.
 
 use super::conflict::{self, Source};
+use super::error::OpError;
 use super::mesh::{MeshMsg, Reply};
 use super::replication::body_of;
 use super::view::Placement;
@@ -21,22 +22,6 @@ pub const TOMBSTONE_MS_DEFAULT: u64 = 10_000;
 /// A replication body's bytes besides its callback, tags and replicas
 /// (timing, version, view, field names), over-estimated.
 const BODY_BYTES_BASE: usize = 512;
-
-/// Why a timer operation failed: an HTTP status and a reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpError {
-    pub status: u16,
-    pub reason: String,
-}
-
-impl OpError {
-    pub fn new(status: u16, reason: impl Into<String>) -> Self {
-        OpError {
-            status,
-            reason: reason.into(),
-        }
-    }
-}
 
 impl Shard {
     /// The factor a client asked for (or the default). It is kept with

@@ -6,7 +6,6 @@
 use crate::cluster::Cluster;
 use crate::http::uri::percent_decode;
 use crate::runtime::clock;
-use crate::shard::Shard;
 
 /// Timers per GET when the request has no `Range`.
 pub const RANGE_DEFAULT: usize = 100;
@@ -56,13 +55,6 @@ pub struct ShardPage {
     /// `Some(c)`: everything up to `c` was looked at and more may follow;
     /// `None`: nothing follows the entries.
     pub looked_to: Option<Cursor>,
-}
-
-impl Shard {
-    /// Check a resync GET against this shard's cluster view.
-    pub fn resync_query(&self, query: &str, range: Option<&[u8]>) -> Result<Query, (u16, String)> {
-        parse_query(&self.timers.cluster(), query, range)
-    }
 }
 
 /// Check a resync GET: `Err((status, reason))` as seed 000 specifies (400

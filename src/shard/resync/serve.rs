@@ -3,7 +3,7 @@
 //! merged from every shard's part. Bounded in timers (`Range`, at most
 //! `RANGE_MAX`) and bytes (`PAGE_BYTES_MAX`, at least one timer).
 
-use super::query::{Cursor, Query, ShardPage};
+use super::query::{parse_query, Cursor, Query, ShardPage};
 use super::session::Listed;
 use crate::cluster::replicate::encode_body;
 use crate::cluster::NODES_MAX;
@@ -28,6 +28,11 @@ pub const EXAMINED_PER_PAGE_MAX: usize = 65_536;
 const PREFETCH_AHEAD: usize = 8;
 
 impl Shard {
+    /// Check a resync GET against this shard's cluster view.
+    pub fn resync_query(&self, query: &str, range: Option<&[u8]>) -> Result<Query, (u16, String)> {
+        parse_query(&self.timers.cluster(), query, range)
+    }
+
     /// This shard's part of a page for `q` (its stretches measured).
     pub async fn resync_local(self: &Rc<Self>, q: Query) -> ShardPage {
         bulk::metered(self.resync_part(q)).await
