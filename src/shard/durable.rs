@@ -27,7 +27,9 @@ const SNAPSHOT_SLICE: usize = 1024;
 /// After a failed snapshot, the next try waits this long.
 const SNAPSHOT_RETRY: Duration = Duration::from_secs(5);
 
-/// The timer log and its flusher: what `[storage]` adds to a shard.
+/// The timer log and its flusher: what `[storage]` adds to a shard. The
+/// log's one owner: the store holds no copy, and each logged change takes
+/// it from here ([`Durable::log`]).
 #[derive(Default)]
 pub struct Durable {
     /// The timer log (`[storage]`), set once recovery has opened it.
@@ -184,7 +186,6 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
         shard.base.id,
     );
     log.snapshot_taken(recovered.snapshot_bytes, recovered.since_snapshot_bytes);
-    shard.timers.store.borrow_mut().set_log(log.clone());
     assert!(
         shard.durable.log.set(log.clone()).is_ok(),
         "one log per shard"

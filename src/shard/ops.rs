@@ -492,7 +492,7 @@ impl Shard {
             .as_ref()
             .map_or(0, |(_, old, _)| old.factor_requested);
         let old_due = existing.map(|(due, _, _)| due);
-        let old = old_due.and_then(|_| store.remove(unique));
+        let old = old_due.and_then(|_| store.remove(unique, self.durable.log()));
         if let Some(o) = &old {
             self.keep_informational(&mut store, o, &head);
         }
@@ -568,7 +568,7 @@ impl Shard {
     ) -> Option<u64> {
         if !timer.is_tombstone() && timer.has_next_pop() {
             let due = timer.next_pop_ms(self.base.skew_ms());
-            store.insert(due, timer);
+            store.insert(due, timer, self.durable.log());
             return Some(due);
         }
         if !self.keeps_tombstones() {
@@ -586,7 +586,7 @@ impl Shard {
             }
         }
         let due = old_due.unwrap_or(0).max(clock::now_ms()) + self.tombstone_life_ms(&timer);
-        store.insert(due, timer);
+        store.insert(due, timer, self.durable.log());
         Some(due)
     }
 

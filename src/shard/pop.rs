@@ -86,7 +86,7 @@ impl Drop for Slot {
             // The log kept the pre-pop state until now: log the outcome
             // (never inside a store borrow: a miss re-pops after a crash).
             if let Ok(store) = self.shard.timers.store.try_borrow() {
-                store.log_current(self.unique);
+                store.log_current(self.unique, self.shard.durable.log());
             }
         }
         if pop.blocked.replace(false) {
@@ -146,8 +146,10 @@ fn promote_held(shard: &Shard, target: u64) {
         });
         if held {
             // Logged (a snapshot may not see a timer that moves unlogged).
-            let timer = store.remove(unique).expect("just found");
-            store.insert(now, timer);
+            let timer = store
+                .remove(unique, shard.durable.log())
+                .expect("just found");
+            store.insert(now, timer, shard.durable.log());
             drop(store);
             shard.pop.wake_if_before(now);
             return;
@@ -316,14 +318,18 @@ async fn rearm(timer: &mut glommio::timer::Timer, after: Duration) {
 fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
     let stats = shard.base.my_stats();
     let pop = &shard.pop;
-    let logged = shard.timers.store.borrow().logged();
+    let logged = shard.durable.log().is_some();
     let skew = shard.base.resolved.config.timers.replica_skew_ms;
     for (due_ms, timer) in due.drain(..) {
         if timer.is_tombstone() && shard.outbound.replicator.owes_tombstone(timer.unique) {
             // Its delete is still queued for a member (issue 37): kept one
             // more life, logged, so a restart sends it again.
             let until = now + shard.tombstone_life_ms(&timer);
-            shard.timers.store.borrow_mut().insert(until, timer);
+            shard
+                .timers
+                .store
+                .borrow_mut()
+                .insert(until, timer, shard.durable.log());
             continue;
         }
         if timer.is_tombstone() {
@@ -331,7 +337,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
             ShardStats::add(&stats.tombstones_expired, 1);
             let mut store = shard.timers.store.borrow_mut();
             store.drop_info(timer.unique);
-            store.log_current(timer.unique);
+            store.log_current(timer.unique, shard.durable.log());
             continue;
         }
         let target = target_of(timer.uri());
@@ -409,7 +415,11 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
         ShardStats::add(&stats.callbacks_deferred, 1);
         let unique = timer.unique;
         advance(shard, now, timer);
-        shard.timers.store.borrow().log_current(unique);
+        shard
+            .timers
+            .store
+            .borrow()
+            .log_current(unique, shard.durable.log());
         return;
     }
     ShardStats::add(&stats.callbacks_held, 1);
@@ -423,7 +433,11 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
     shard.pop.targets.hold(target, timer.unique, due_ms);
     // Logged: the pop has not happened, and a snapshot may not see a
     // timer that moves unlogged.
-    shard.timers.store.borrow_mut().insert(due_ms, timer);
+    shard
+        .timers
+        .store
+        .borrow_mut()
+        .insert(due_ms, timer, shard.durable.log());
 }
 
 /// Whether another replica (or site) pops `timer` after this node.
@@ -607,7 +621,7 @@ fn on_failure(shard: &Shard, unique: u64, version: u64, sequence: u32, reason: &
     }
     // The stored copy waits for a later pop of its own: a repeating timer.
     let ended = (!has_later_pop_elsewhere(shard, t)).then(|| t.id());
-    store.remove(unique);
+    store.remove(unique, shard.durable.log());
     shard.refresh_gauges(&store);
     drop(store);
     if let Some(id) = ended {

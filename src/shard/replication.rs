@@ -181,7 +181,9 @@ impl Shard {
         if placed || t.is_tombstone() {
             return;
         }
-        let mut timer = store.remove(unique).expect("just found");
+        let mut timer = store
+            .remove(unique, self.durable.log())
+            .expect("just found");
         timer.view = view;
         timer.bloom = pl.bloom;
         timer.set_replication_factor(pl.count as u8);
@@ -198,7 +200,7 @@ impl Shard {
                 clock::now_ms() + self.tombstone_life_ms(&timer)
             }
         };
-        store.insert(due_ms, timer);
+        store.insert(due_ms, timer, self.durable.log());
         self.pop.wake_if_before(due_ms);
         self.refresh_gauges(&store);
     }

@@ -80,7 +80,7 @@ impl Shard {
                 let n = cluster.replicas_into(unique, t.factor_requested() as usize, &mut replicas);
                 let new_replica = cluster.local.is_some_and(|me| replicas[..n].contains(&me));
                 if t.informed() == 0 && !new_replica {
-                    store.remove(unique);
+                    store.remove(unique, self.durable.log());
                 }
             }
             if let Some(i) = store.info_mut(unique) {
