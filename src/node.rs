@@ -16,7 +16,7 @@
 //! gate's tasks (pop loop, replication senders, queue tasks) end → the
 //! mesh senders close.
 
-use crate::api::{Api, ReadyCheck};
+use crate::api::{admission, Api, ReadyCheck};
 use crate::cluster::Cluster;
 use crate::config::{Config, Resolved};
 use crate::http::guard::Guard;
@@ -220,12 +220,16 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         ..
     } = ctx;
     let resolved = node.resolved.clone();
+    // `[throttling]`'s bucket, this shard's share: `api` admits client
+    // requests by it, and the shard's pops steer it too.
+    let throttle = admission::throttle(&resolved);
     let shard = Shard::new(
         index,
         resolved.clone(),
         node.stats.clone(),
         mesh,
         gate.clone(),
+        throttle.clone(),
     );
     if let Some(receivers) = inbox {
         let shard = shard.clone();
@@ -258,7 +262,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         drain: DRAIN_TIMEOUT,
         tls: resolved.tls.as_ref().map(|t| t.config.clone()),
     };
-    let api = Api::new(shard.clone(), ready_check(&node));
+    let api = Api::new(shard.clone(), ready_check(&node), throttle);
     let server = Server::new(api, limits, gate.clone(), node.stats.clone(), index);
     server.run(listener, http.net_ring).await;
     assert!(gate.is_closing(), "the server returns only at shutdown");

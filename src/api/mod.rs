@@ -22,11 +22,13 @@
 //! at most once per [`REFUSED_LOG_EVERY`] per shard and kind (internal,
 //! admin), with the count of the ones not logged.
 
+pub mod admission;
 mod cluster;
 
 use crate::http::server::Handler;
 use crate::http::{uri, write_response, Method, Request};
 use crate::runtime::loglimit::{log_due, LogLimit};
+use crate::runtime::throttle::Throttle;
 use crate::shard::{OpError, Shard};
 use crate::stats::{REQUEST_BOUNDS_US, ROUTES};
 use crate::timer::{spec, TimerId};
@@ -47,6 +49,8 @@ pub type ReadyCheck = Box<dyn Fn() -> Result<(), String>>;
 /// The API of one shard: what the HTTP server calls.
 pub struct Api {
     shard: Rc<Shard>,
+    /// Admission of client requests (`[throttling]`).
+    admission: admission::Admission,
     ready: ReadyCheck,
     /// Refused internal and admin requests ([`Refused`]): when one was
     /// last logged, and how many were refused since without a line.
@@ -54,9 +58,12 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(shard: Rc<Shard>, ready: ReadyCheck) -> Api {
+    /// The API of `shard`; `throttle`: its share of `[throttling]`'s
+    /// bucket ([`admission::throttle`]), the one its pops steer too.
+    pub fn new(shard: Rc<Shard>, ready: ReadyCheck, throttle: Option<Rc<Throttle>>) -> Api {
         Api {
             shard,
+            admission: admission::Admission::new(throttle),
             ready,
             refused_log: Default::default(),
         }
@@ -261,7 +268,7 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
         );
     }
     match req.method {
-        Method::Post if !shard.admission.admit(shard.base.my_stats()) => overloaded(out, close),
+        Method::Post if !api.admission.admit(shard.base.my_stats()) => overloaded(out, close),
         // Matched by reference: moving the spec out of the `Result` was a
         // ~150-byte copy per POST.
         Method::Post => match &spec::parse(req.body, uri::check) {
@@ -269,12 +276,12 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
             // tombstone); a POST creates a timer, which needs one.
             Ok(s) if s.is_tombstone() => error(out, 400, POST_NEEDS_CALLBACK, close),
             Ok(s) => {
-                let started = shard.admission.latency_start();
+                let started = api.admission.latency_start();
                 if let Err((status, reason)) = guard_admits(shard, s).await {
                     return error(out, status, &reason, close);
                 }
                 let result = create_durable(shard, s).await;
-                shard.admission.record_latency_since(started);
+                api.admission.record_latency_since(started);
                 timer_result(out, result, close)
             }
             Err(reason) => error(out, 400, reason, close),
@@ -372,26 +379,26 @@ async fn timer(
                 let result = shard.replica_update(id, s).await;
                 timer_result(out, result, close)
             }
-            Ok(_) if !shard.admission.admit(shard.base.my_stats()) => overloaded(out, close),
+            Ok(_) if !api.admission.admit(shard.base.my_stats()) => overloaded(out, close),
             Ok(s) => {
                 if let Err(e) = shard.storage_admits_growth() {
                     return error(out, e.status, &e.reason, close);
                 }
-                let started = shard.admission.latency_start();
+                let started = api.admission.latency_start();
                 if let Err((status, reason)) = guard_admits(shard, &s).await {
                     return error(out, status, &reason, close);
                 }
                 let result = shard.client_update(id, s).await;
-                shard.admission.record_latency_since(started);
+                api.admission.record_latency_since(started);
                 timer_result(out, result, close)
             }
             Err(reason) => error(out, 400, &reason, close),
         },
-        Method::Delete if !shard.admission.admit(shard.base.my_stats()) => overloaded(out, close),
+        Method::Delete if !api.admission.admit(shard.base.my_stats()) => overloaded(out, close),
         Method::Delete => {
-            let started = shard.admission.latency_start();
+            let started = api.admission.latency_start();
             let result = shard.client_delete(id).await;
-            shard.admission.record_latency_since(started);
+            api.admission.record_latency_since(started);
             match result {
                 Ok(()) => text(out, 200, "", close),
                 Err(e) => error(out, e.status, &e.reason, close),

@@ -16,7 +16,6 @@
 //! | `base.rs` | the part `Base`: index, configuration, stats, mesh, gate |
 //! | `timers.rs` | the part `Timers`: the store, the view, the version counter |
 //! | `outbound.rs` | the part `Outbound`: the client, the replicators, the callback guard |
-//! | `admission.rs` | the part `Admission`: the token bucket of `[throttling]` |
 //! | `store.rs` | wheel + ID index + tags: the timers themselves |
 //! | `error.rs` | `OpError`: why an operation failed (a leaf the mesh and the operations share) |
 //! | `ops.rs` | timer operations: client create/update/delete, replica updates, `apply` |
@@ -29,7 +28,6 @@
 //! | `mesh.rs` | the messages shards exchange |
 //! | `durable.rs` | the part `Durable` (the log, its flusher); `[storage]`: recovery into the store, durability waits, compaction |
 
-pub mod admission;
 pub mod base;
 pub mod conflict;
 pub mod durable;
@@ -62,8 +60,8 @@ use crate::config::Resolved;
 use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::runtime::mesh::Mesh;
+use crate::runtime::throttle::Throttle;
 use crate::stats::{ShardStats, POP_LATENESS_BOUNDS_US};
-use admission::Admission;
 use base::Base;
 use outbound::Outbound;
 use std::rc::Rc;
@@ -81,13 +79,13 @@ pub struct Shard {
     pub timers: Timers,
     /// The client, the replicators, the callback guard.
     pub outbound: Outbound,
+    /// The pop loop's state: callbacks in flight, held pops, the bucket
+    /// its lateness steers.
     pub pop: PopState,
     /// The serving side's sessions, the requesting side's trigger.
     pub resync: resync::Resync,
     /// The timer log (`[storage]`) and its flusher.
     pub durable: durable::Durable,
-    /// Admission of client requests (`[throttling]`).
-    pub admission: Admission,
 }
 
 impl Shard {
@@ -97,6 +95,7 @@ impl Shard {
         stats: Arc<[ShardStats]>,
         mesh: Mesh<MeshMsg>,
         gate: Rc<Gate>,
+        throttle: Option<Rc<Throttle>>,
     ) -> Rc<Shard> {
         let shards = resolved.shards;
         assert!(
@@ -107,10 +106,9 @@ impl Shard {
         let shard = Rc::new(Shard {
             timers: Timers::new(store, &resolved.cluster),
             outbound: Outbound::new(&resolved, &gate, &stats, id),
-            pop: PopState::default(),
+            pop: PopState::new(throttle),
             resync: resync::Resync::default(),
             durable: durable::Durable::default(),
-            admission: Admission::new(&resolved),
             base: Base {
                 id,
                 shards,

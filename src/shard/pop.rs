@@ -9,6 +9,7 @@ use crate::cluster::sites::Sites;
 use crate::http::client::CallbackKey;
 use crate::runtime::clock;
 use crate::runtime::notify::Notify;
+use crate::runtime::throttle::Throttle;
 use crate::stats::ShardStats;
 use crate::timer::Timer;
 use futures_lite::future;
@@ -52,6 +53,9 @@ pub struct PopState {
     /// Callback workers waiting for a pop, most recently idle last: at
     /// most [`IDLE_WORKERS_MAX`].
     idle: RefCell<Vec<Rc<Worker>>>,
+    /// `[throttling]`'s bucket (the shard's share; `api` admits client
+    /// requests by it): the pops' lateness steers it too.
+    throttle: Option<Rc<Throttle>>,
 }
 
 /// A dispatched incarnation ([`PopState::dispatched`]).
@@ -158,8 +162,8 @@ fn promote_held(shard: &Shard, target: u64) {
     shard.pop.targets.drop_held_if_idle(target);
 }
 
-impl Default for PopState {
-    fn default() -> Self {
+impl PopState {
+    pub fn new(throttle: Option<Rc<Throttle>>) -> Self {
         PopState {
             wake: Notify::default(),
             blocked: Cell::new(false),
@@ -168,11 +172,20 @@ impl Default for PopState {
             targets: Targets::default(),
             dispatched: RefCell::new(HashMap::new()),
             idle: RefCell::new(Vec::new()),
+            throttle,
         }
     }
 }
 
 impl PopState {
+    /// A pop's lateness, which the bucket steers by (what a timer service
+    /// promises), as it does by a client request's latency.
+    fn record_lateness(&self, late_us: u64) {
+        if let Some(t) = &self.throttle {
+            t.record(late_us, Instant::now());
+        }
+    }
+
     /// Wake the loop if `due_ms` is before the deadline it sleeps until.
     pub fn wake_if_before(&self, due_ms: u64) {
         if due_ms < self.armed_ms.get() {
@@ -348,7 +361,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
             continue;
         };
         ShardStats::add(&stats.timers_popped, 1);
-        shard.admission.record_latency(late_ms * 1000);
+        shard.pop.record_lateness(late_ms * 1000);
         // This pop as it is taken: what its callback sends and its success
         // replicates, even when the next pop has been taken by then (a
         // callback slower than the interval).

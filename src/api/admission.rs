@@ -1,29 +1,26 @@
-//! Admission of client requests (`[throttling]`): the shard's share of
-//! the configured token bucket ([`crate::runtime::throttle`]), what it
-//! admits, and the latencies it steers by: a client request's, and a
-//! pop's lateness. `None` when `[throttling]` is off; then no clock is
-//! read for it.
-//!
-//! It stays in `shard`, not `api`, because the pop loop feeds it too.
+//! Admission of client requests (`[throttling]`): a shard's share of the
+//! configured token bucket ([`crate::runtime::throttle`]), what it admits,
+//! and the client requests' latencies it steers by. The same bucket also
+//! takes the pops' lateness: the composition root hands it to the shard's
+//! pop state too. `None` when `[throttling]` is off; then no clock is read
+//! for it.
 
 use crate::config::Resolved;
 use crate::runtime::throttle::{Throttle, ThrottleConfig};
 use crate::stats::ShardStats;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// A shard's token bucket, `None` when `[throttling]` is off.
 pub struct Admission {
-    throttle: Option<Throttle>,
+    throttle: Option<Rc<Throttle>>,
 }
 
 impl Admission {
-    /// The configured bucket split evenly between the shards (each admits
-    /// the requests it takes).
-    pub(super) fn new(resolved: &Resolved) -> Admission {
-        Admission {
-            throttle: throttle(resolved),
-        }
+    /// Admission by `throttle` ([`throttle`]: the shard's share).
+    pub fn new(throttle: Option<Rc<Throttle>>) -> Admission {
+        Admission { throttle }
     }
 
     /// Admit a client request (`false`: refuse it with 503); `stats` are
@@ -43,14 +40,6 @@ impl Admission {
             ShardStats::add(&stats.throttled, 1);
         }
         admitted
-    }
-
-    /// A latency the bucket steers by: a client request's, or a pop's
-    /// lateness (what a timer service promises).
-    pub fn record_latency(&self, latency_us: u64) {
-        if let Some(t) = &self.throttle {
-            t.record(latency_us, Instant::now());
-        }
     }
 
     /// The start of a client operation whose latency the throttle takes;
@@ -74,7 +63,7 @@ impl Admission {
 
 /// A shard's token bucket (with `[throttling]`): the configured bucket
 /// split evenly between the shards (each admits the requests it takes).
-fn throttle(resolved: &Resolved) -> Option<Throttle> {
+pub fn throttle(resolved: &Resolved) -> Option<Rc<Throttle>> {
     let t = resolved.config.throttling.as_ref()?;
     let n = resolved.shards as f64;
     let per = |v: u64| (v as f64 / n).max(1.0);
@@ -89,5 +78,5 @@ fn throttle(resolved: &Resolved) -> Option<Throttle> {
         min_rate: per(t.min_token_rate).min(max_rate),
         max_rate,
     };
-    Some(Throttle::new(cfg, Instant::now()))
+    Some(Rc::new(Throttle::new(cfg, Instant::now())))
 }
