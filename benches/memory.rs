@@ -64,7 +64,7 @@ fn fill(n: usize, distinct: bool) {
             write!(uri, "/{i:07}").unwrap();
         }
         let t = Timer::new(head(unique), &uri, OPAQUE, &[]);
-        store.insert(1 + (i as u64 * 7919) % 3_600_000, t);
+        store.insert(1 + (i as u64 * 7919) % 3_600_000, t, None);
     }
     let after = rss_bytes();
     assert_eq!(store.len(), n);

@@ -16,7 +16,7 @@
 //! gate's tasks (pop loop, replication senders, queue tasks) end → the
 //! mesh senders close.
 
-use crate::api::{Api, ReadyCheck};
+use crate::api::{admission, Api, ReadyCheck};
 use crate::cluster::Cluster;
 use crate::config::{Config, Resolved};
 use crate::http::guard::Guard;
@@ -25,7 +25,7 @@ use crate::queue::{QueueShard, QueueShared};
 use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
 use crate::runtime::systemd;
 use crate::runtime::{EngineConfig, ShardCtx, SignalHook, DRAIN_TIMEOUT, SIGHUP, SIGUSR1};
-use crate::shard::rebalance::resync_loop;
+use crate::shard::resync::trigger::resync_loop;
 use crate::shard::{
     durable, handoff, pop_loop, repair_loop, resend_deletes, MeshMsg, Reply, Shard,
 };
@@ -153,10 +153,10 @@ const STORAGE_WATCH: Duration = Duration::from_millis(20);
 /// that the other replicas pop its timers at their skew and systemd or
 /// the operator sees it.
 async fn watch_storage(shard: Rc<Shard>) {
-    assert_eq!(shard.id, 0, "shard 0 watches the logs");
-    while !shard.gate.is_closing() {
+    assert_eq!(shard.base.id, 0, "shard 0 watches the logs");
+    while !shard.base.gate.is_closing() {
         if shard.storage_failed() {
-            let why = failed_storage(&shard.stats).unwrap_or_default();
+            let why = failed_storage(&shard.base.stats).unwrap_or_default();
             tracing::error!(target: "chronos::storage", "{why}: stopping the node (fail-stop); /ready answers 503 meanwhile");
             // SAFETY: kill(2) on this process with a valid signal number;
             // the signal thread turns it into the ordinary shutdown.
@@ -164,7 +164,7 @@ async fn watch_storage(shard: Rc<Shard>) {
             return;
         }
         let tick = glommio::timer::sleep(STORAGE_WATCH);
-        futures_lite::future::or(tick, shard.gate.closing()).await;
+        futures_lite::future::or(tick, shard.base.gate.closing()).await;
     }
 }
 
@@ -220,12 +220,16 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         ..
     } = ctx;
     let resolved = node.resolved.clone();
+    // `[throttling]`'s bucket, this shard's share: `api` admits client
+    // requests by it, and the shard's pops steer it too.
+    let throttle = admission::throttle(&resolved);
     let shard = Shard::new(
         index,
         resolved.clone(),
         node.stats.clone(),
         mesh,
         gate.clone(),
+        throttle.clone(),
     );
     if let Some(receivers) = inbox {
         let shard = shard.clone();
@@ -243,7 +247,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
     if let Some(q) = &node.queue {
         QueueShard::start(q.clone(), index, node.stats.clone(), gate.clone());
     }
-    shard.my_stats().up.store(true, Ordering::Relaxed);
+    shard.base.my_stats().up.store(true, Ordering::Relaxed);
     announce_if_ready(&shard, &node.announced);
     let http = &resolved.config.http;
     let limits = Limits {
@@ -258,7 +262,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         drain: DRAIN_TIMEOUT,
         tls: resolved.tls.as_ref().map(|t| t.config.clone()),
     };
-    let api = Api::new(shard.clone(), ready_check(&node));
+    let api = Api::new(shard.clone(), ready_check(&node), throttle);
     let server = Server::new(api, limits, gate.clone(), node.stats.clone(), index);
     server.run(listener, http.net_ring).await;
     assert!(gate.is_closing(), "the server returns only at shutdown");
@@ -269,7 +273,7 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
         tracing::warn!(target: "chronos::node", "shard {index}: {} task(s) still running at exit", gate.passes());
     }
     durable::close(&shard, DRAIN_TIMEOUT).await;
-    shard.mesh.close();
+    shard.base.mesh.close();
     Ok(())
 }
 
@@ -285,19 +289,23 @@ fn start_timers(shard: &Rc<Shard>, node: &NodeShared, index: usize) {
             let (shard, announced) = (shard.clone(), node.announced.clone());
             glommio::spawn_local(async move {
                 durable::recover(&shard, dir, recovered).await;
-                shard.my_stats().recovering.store(false, Ordering::Relaxed);
+                shard
+                    .base
+                    .my_stats()
+                    .recovering
+                    .store(false, Ordering::Relaxed);
                 announce_if_ready(&shard, &announced);
-                if shard.id == 0 && shard.stats[0].catching_up.load(Ordering::Acquire) {
+                if shard.base.id == 0 && shard.base.stats[0].catching_up.load(Ordering::Acquire) {
                     handoff::catch_up(&shard).await;
                     announce_if_ready(&shard, &announced);
                 }
                 handoff::wait_caught_up(&shard).await;
-                shard.gate.spawn(pop_loop(shard.clone()));
+                shard.base.gate.spawn(pop_loop(shard.clone()));
             })
             .detach();
         }
         None => {
-            shard.gate.spawn(pop_loop(shard.clone()));
+            shard.base.gate.spawn(pop_loop(shard.clone()));
         }
     }
 }
@@ -369,14 +377,19 @@ fn ready_check(node: &Arc<NodeShared>) -> ReadyCheck {
 
 /// Apply reloaded clusters (SIGHUP) until shutdown.
 async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Reloaded>>) {
-    while let Some(Ok(next)) = shard.gate.unless_closing(reloads.recv()).await {
-        let before = shard.cluster().view_id;
+    while let Some(Ok(next)) = shard.base.gate.unless_closing(reloads.recv()).await {
+        let before = shard.timers.cluster().view_id;
         shard.set_cluster(&next.cluster);
         if next.cluster.view_id != before && shard.has_peers() {
-            shard.gate.spawn(resend_deletes(shard.clone()));
+            shard.base.gate.spawn(resend_deletes(shard.clone()));
         }
-        shard.store.borrow_mut().ids.set_instance(next.instance_id);
-        shard.set_guard(next.guard.clone());
+        shard
+            .timers
+            .store
+            .borrow_mut()
+            .ids
+            .set_instance(next.instance_id);
+        shard.outbound.set_guard(next.guard.clone());
     }
 }
 
@@ -384,16 +397,16 @@ async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Rel
 /// (with `resync-at-start`, when there are other nodes) at start-up, to
 /// take back the replicas this node holds.
 fn start_resync(shard: &Rc<Shard>, signals: async_channel::Receiver<()>) {
-    assert_eq!(shard.id, 0, "shard 0 runs the resyncs");
-    shard.gate.spawn(resync_loop(shard.clone()));
-    let at_start = shard.resolved.config.cluster.resync_at_start;
-    if at_start && shard.has_peers() && shard.cluster().local.is_some() {
-        shard.rebalance.request(true);
+    assert_eq!(shard.base.id, 0, "shard 0 runs the resyncs");
+    shard.base.gate.spawn(resync_loop(shard.clone()));
+    let at_start = shard.base.resolved.config.cluster.resync_at_start;
+    if at_start && shard.has_peers() && shard.timers.cluster().local.is_some() {
+        shard.resync.trigger.request(true);
     }
     let shard = shard.clone();
-    shard.gate.clone().spawn(async move {
-        while let Some(Ok(())) = shard.gate.unless_closing(signals.recv()).await {
-            shard.rebalance.request(false);
+    shard.base.gate.clone().spawn(async move {
+        while let Some(Ok(())) = shard.base.gate.unless_closing(signals.recv()).await {
+            shard.resync.trigger.request(false);
         }
     });
 }
@@ -412,7 +425,7 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
             let applied = shard
                 .storage_admits()
                 .and_then(|()| shard.apply(head, spec.as_deref(), source));
-            match shard.log() {
+            match shard.durable.log() {
                 // With a log, the answer waits until the change is durable.
                 Some(_) if applied.is_ok() => {
                     let shard = shard.clone();
@@ -439,13 +452,17 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
             let _ = reply.send(Reply::Marked(shard.mark_references(&list)));
         }
         MeshMsg::StartResync { all_views, reply } => {
-            let _ = reply.send(Reply::ResyncRun(shard.rebalance.request(all_views)));
+            let _ = reply.send(Reply::ResyncRun(shard.resync.trigger.request(all_views)));
         }
         MeshMsg::Tags { reply } => {
-            let _ = reply.send(Reply::Tags(shard.store.borrow().tag_values()));
+            let _ = reply.send(Reply::Tags(shard.timers.store.borrow().tag_values()));
         }
         MeshMsg::Owed { node, reply } => {
-            let (queued, settled, repair) = shard.replicator.owed(&node).unwrap_or((0, 0, false));
+            let (queued, settled, repair) = shard
+                .outbound
+                .replicator
+                .owed(&node)
+                .unwrap_or((0, 0, false));
             let _ = reply.send(Reply::Owed(queued, settled, repair));
         }
     }

@@ -2,7 +2,8 @@
 //! `Range`, and the `DELETE /timers/references` body.
 #![no_main]
 use chronos::cluster::Cluster;
-use chronos::shard::resync::{parse_query, parse_references_now, RANGE_MAX};
+use chronos::shard::resync::query::{parse_query, RANGE_MAX};
+use chronos::shard::resync::references::parse_references_now;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 

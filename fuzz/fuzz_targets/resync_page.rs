@@ -1,12 +1,12 @@
 //! The requesting side of resync: a `GET /timers` page as a peer may send
 //! it, read entry by entry (`runtime/bulk.rs`'s splitter and in-place
-//! parse, `shard/rebalance.rs`'s one-pass entry reader). No input may
+//! parse, `shard/resync/page.rs`'s one-pass entry reader). No input may
 //! panic (the splitter's and the reader's asserts), whatever serde alone
 //! refuses the resync refuses too, and where both read a page they find
 //! the same number of entries. Half the inputs are spliced into a page's
 //! `timers` array, where the fast paths do their work.
 #![no_main]
-use chronos::shard::rebalance::parse_page_both;
+use chronos::shard::resync::page::parse_page_both;
 use libfuzzer_sys::fuzz_target;
 
 fn check(body: &[u8]) {

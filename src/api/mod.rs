@@ -22,9 +22,13 @@
 //! at most once per [`REFUSED_LOG_EVERY`] per shard and kind (internal,
 //! admin), with the count of the ones not logged.
 
+pub mod admission;
+mod cluster;
+
 use crate::http::server::Handler;
 use crate::http::{uri, write_response, Method, Request};
 use crate::runtime::loglimit::{log_due, LogLimit};
+use crate::runtime::throttle::Throttle;
 use crate::shard::{OpError, Shard};
 use crate::stats::{REQUEST_BOUNDS_US, ROUTES};
 use crate::timer::{spec, TimerId};
@@ -45,6 +49,8 @@ pub type ReadyCheck = Box<dyn Fn() -> Result<(), String>>;
 /// The API of one shard: what the HTTP server calls.
 pub struct Api {
     shard: Rc<Shard>,
+    /// Admission of client requests (`[throttling]`).
+    admission: admission::Admission,
     ready: ReadyCheck,
     /// Refused internal and admin requests ([`Refused`]): when one was
     /// last logged, and how many were refused since without a line.
@@ -52,9 +58,12 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(shard: Rc<Shard>, ready: ReadyCheck) -> Api {
+    /// The API of `shard`; `throttle`: its share of `[throttling]`'s
+    /// bucket ([`admission::throttle`]), the one its pops steer too.
+    pub fn new(shard: Rc<Shard>, ready: ReadyCheck, throttle: Option<Rc<Throttle>>) -> Api {
         Api {
             shard,
+            admission: admission::Admission::new(throttle),
             ready,
             refused_log: Default::default(),
         }
@@ -79,7 +88,7 @@ pub async fn handle(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool
     let started = Instant::now();
     let route = Cell::new(route_of(req));
     let status = answer(api, req, out, close, &route).await;
-    api.shard.my_stats().request_duration[route.get()]
+    api.shard.base.my_stats().request_duration[route.get()]
         .record_duration(&REQUEST_BOUNDS_US, started.elapsed());
     status
 }
@@ -151,7 +160,7 @@ async fn answer(
             forbidden(api, req, Refused::Admin, out, close)
         }
         "/cluster" => match req.method {
-            Method::Get => json(out, 200, &shard.cluster_report(), close),
+            Method::Get => json(out, 200, &cluster::cluster_report(shard), close),
             _ => not_allowed(out, "GET", close),
         },
         "/resync" => match req.method {
@@ -222,7 +231,7 @@ async fn resync(shard: &Shard, req: &Request<'_>, out: &mut Vec<u8>, close: bool
             )
         }
     };
-    if shard.cluster().local.is_none() {
+    if shard.timers.cluster().local.is_none() {
         return error(
             out,
             409,
@@ -259,7 +268,7 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
         );
     }
     match req.method {
-        Method::Post if !shard.admit_client() => overloaded(out, close),
+        Method::Post if !api.admission.admit(shard.base.my_stats()) => overloaded(out, close),
         // Matched by reference: moving the spec out of the `Result` was a
         // ~150-byte copy per POST.
         Method::Post => match &spec::parse(req.body, uri::check) {
@@ -267,12 +276,12 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
             // tombstone); a POST creates a timer, which needs one.
             Ok(s) if s.is_tombstone() => error(out, 400, POST_NEEDS_CALLBACK, close),
             Ok(s) => {
-                let started = shard.latency_start();
+                let started = api.admission.latency_start();
                 if let Err((status, reason)) = guard_admits(shard, s).await {
                     return error(out, status, &reason, close);
                 }
                 let result = create_durable(shard, s).await;
-                shard.record_latency_since(started);
+                api.admission.record_latency_since(started);
                 timer_result(out, result, close)
             }
             Err(reason) => error(out, 400, reason, close),
@@ -308,11 +317,11 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
 /// this node's list when they pop (the client checks every callback's
 /// address).
 async fn guard_admits(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<(), (u16, String)> {
-    let Some(guard) = shard.guard() else {
+    let Some(guard) = shard.outbound.guard() else {
         return Ok(());
     };
     let target = uri::parse(&s.uri).map_err(|e| (400, e))?;
-    let limit = Duration::from_millis(shard.resolved.config.timers.callback_timeout_ms);
+    let limit = Duration::from_millis(shard.base.resolved.config.timers.callback_timeout_ms);
     guard.check_host(target.host, target.port, limit).await
 }
 
@@ -370,26 +379,26 @@ async fn timer(
                 let result = shard.replica_update(id, s).await;
                 timer_result(out, result, close)
             }
-            Ok(_) if !shard.admit_client() => overloaded(out, close),
+            Ok(_) if !api.admission.admit(shard.base.my_stats()) => overloaded(out, close),
             Ok(s) => {
                 if let Err(e) = shard.storage_admits_growth() {
                     return error(out, e.status, &e.reason, close);
                 }
-                let started = shard.latency_start();
+                let started = api.admission.latency_start();
                 if let Err((status, reason)) = guard_admits(shard, &s).await {
                     return error(out, status, &reason, close);
                 }
                 let result = shard.client_update(id, s).await;
-                shard.record_latency_since(started);
+                api.admission.record_latency_since(started);
                 timer_result(out, result, close)
             }
             Err(reason) => error(out, 400, &reason, close),
         },
-        Method::Delete if !shard.admit_client() => overloaded(out, close),
+        Method::Delete if !api.admission.admit(shard.base.my_stats()) => overloaded(out, close),
         Method::Delete => {
-            let started = shard.latency_start();
+            let started = api.admission.latency_start();
             let result = shard.client_delete(id).await;
-            shard.record_latency_since(started);
+            api.admission.record_latency_since(started);
             match result {
                 Ok(()) => text(out, 200, "", close),
                 Err(e) => error(out, e.status, &e.reason, close),
@@ -410,7 +419,7 @@ const ADMIN_REFUSED: &str = "admin API (/cluster, /resync, /metrics): missing or
 /// (`/cluster`, `/resync`, `/metrics`) request may proceed: always without
 /// `[cluster] shared-secret`, else only with it. Allocates nothing.
 fn authorized(shard: &Shard, req: &Request<'_>) -> bool {
-    match &shard.resolved.config.cluster.shared_secret {
+    match &shard.base.resolved.config.cluster.shared_secret {
         None => true,
         Some(secret) => secret.admits(req.authorization),
     }
@@ -422,7 +431,7 @@ fn authorized(shard: &Shard, req: &Request<'_>) -> bool {
 /// connection whose client certificate the listener verified against
 /// `[cluster] tls-ca-file`.
 fn internal_authorized(shard: &Shard, req: &Request<'_>) -> bool {
-    let c = &shard.resolved.config.cluster;
+    let c = &shard.base.resolved.config.cluster;
     let mutual = c.tls && c.tls_client_certificate.is_some();
     authorized(shard, req) && (!mutual || req.peer_certified)
 }
@@ -449,7 +458,7 @@ pub const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 /// with the reason; counted (`chronos_internal_refused_total`) and logged
 /// (rate-limited).
 fn forbidden(api: &Api, req: &Request<'_>, kind: Refused, out: &mut Vec<u8>, close: bool) -> u16 {
-    crate::stats::ShardStats::add(&api.shard.my_stats().internal_refused, 1);
+    crate::stats::ShardStats::add(&api.shard.base.my_stats().internal_refused, 1);
     let reason = match kind {
         Refused::Internal => INTERNAL_REFUSED,
         Refused::Admin => ADMIN_REFUSED,
@@ -512,13 +521,14 @@ async fn metrics(shard: &Shard, out: &mut Vec<u8>, close: bool) -> u16 {
     let tags = shard.all_tags().await;
     let mut text = String::with_capacity(4096);
     let sites: Vec<String> = shard
+        .base
         .resolved
         .sites
         .remote
         .iter()
         .map(|r| r.name.clone())
         .collect();
-    crate::stats::render(&shard.stats, &tags, &sites, &mut text);
+    crate::stats::render(&shard.base.stats, &tags, &sites, &mut text);
     write_response(
         out,
         200,

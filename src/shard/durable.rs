@@ -13,6 +13,7 @@ use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::stats::ShardStats;
 use crate::storage::{self, snapshot, Log, Recovered};
+use std::cell::{OnceCell, RefCell};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -26,15 +27,29 @@ const SNAPSHOT_SLICE: usize = 1024;
 /// After a failed snapshot, the next try waits this long.
 const SNAPSHOT_RETRY: Duration = Duration::from_secs(5);
 
-impl Shard {
+/// The timer log and its flusher: what `[storage]` adds to a shard. The
+/// log's one owner: the store holds no copy, and each logged change takes
+/// it from here ([`Durable::log`]).
+#[derive(Default)]
+pub struct Durable {
+    /// The timer log (`[storage]`), set once recovery has opened it.
+    pub(super) log: OnceCell<Rc<Log>>,
+    /// The log's flusher task (awaited at shutdown: it writes what is left).
+    pub(super) flusher: RefCell<Option<glommio::Task<()>>>,
+}
+
+impl Durable {
     /// The timer log, once recovery has opened it.
     pub fn log(&self) -> Option<&Rc<Log>> {
         self.log.get()
     }
+}
 
+impl Shard {
     /// Whether any shard of this node is still replaying its log.
     pub fn recovering(&self) -> bool {
-        self.stats
+        self.base
+            .stats
             .iter()
             .any(|s| s.recovering.load(Ordering::Relaxed))
     }
@@ -42,7 +57,8 @@ impl Shard {
     /// Whether any shard's log failed (a few atomic loads: the pop loop
     /// asks every turn).
     pub fn storage_failed(&self) -> bool {
-        self.stats
+        self.base
+            .stats
             .iter()
             .any(|s| s.storage_failed.load(Ordering::Acquire))
     }
@@ -50,7 +66,7 @@ impl Shard {
     /// Why any shard's log failed, if one did: then this node pops and
     /// acknowledges nothing more, and stops (fail-stop, issue 38).
     pub fn storage_failure(&self) -> Option<String> {
-        let (index, why) = ShardStats::storage_failure(&self.stats)?;
+        let (index, why) = ShardStats::storage_failure(&self.base.stats)?;
         Some(format!("the timer log of shard {index} failed ({why})"))
     }
 
@@ -70,7 +86,7 @@ impl Shard {
                 "recovering: the node is replaying its timer log; retry shortly",
             ));
         }
-        match self.log() {
+        match self.durable.log() {
             Some(log) if !log.has_room() => Err(OpError::new(
                 503,
                 match log.failure() {
@@ -87,7 +103,7 @@ impl Shard {
     /// (`503 storage full`). Deletes and pops free space and go on.
     pub fn storage_admits_growth(&self) -> Result<(), OpError> {
         self.storage_admits()?;
-        let Some(log) = self.log() else {
+        let Some(log) = self.durable.log() else {
             return Ok(());
         };
         match log.space_low() {
@@ -106,7 +122,7 @@ impl Shard {
     /// Wait until every change this shard has made so far is durable
     /// (at once without `[storage]` or with `sync = "none"`).
     pub async fn settle(&self) -> Result<(), OpError> {
-        let Some(log) = self.log() else {
+        let Some(log) = self.durable.log() else {
             return Ok(());
         };
         if log.is_closed() {
@@ -134,7 +150,7 @@ impl Shard {
 /// the flusher and compaction. The pop loop starts after this.
 pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> Rc<Log> {
     let started = Instant::now();
-    let stats = shard.my_stats();
+    let stats = shard.base.my_stats();
     assert!(
         stats.recovering.load(Ordering::Relaxed),
         "set before the server"
@@ -144,7 +160,7 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
     images.sort_unstable_by_key(|i| i.due_unix_ms);
     for chunk in images.chunks(RECOVER_SLICE) {
         {
-            let mut store = shard.store.borrow_mut();
+            let mut store = shard.timers.store.borrow_mut();
             for image in chunk {
                 store.recover(image);
             }
@@ -160,28 +176,43 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
     ShardStats::add(&stats.storage_replayed_records, recovered.replayed);
     ShardStats::add(&stats.storage_torn_tails, recovered.torn_tails);
     ShardStats::add(&stats.storage_corrupt_records, recovered.corrupt);
-    let cfg = &shard.resolved.config.storage;
+    let cfg = &shard.base.resolved.config.storage;
     let resume = recovered.resume();
-    let log = Log::new(dir.clone(), cfg, &resume, shard.stats.clone(), shard.id);
+    let log = Log::new(
+        dir.clone(),
+        cfg,
+        &resume,
+        shard.base.stats.clone(),
+        shard.base.id,
+    );
     log.snapshot_taken(recovered.snapshot_bytes, recovered.since_snapshot_bytes);
-    shard.store.borrow_mut().set_log(log.clone());
-    assert!(shard.log.set(log.clone()).is_ok(), "one log per shard");
+    assert!(
+        shard.durable.log.set(log.clone()).is_ok(),
+        "one log per shard"
+    );
     let flusher = glommio::spawn_local(storage::log::flusher(log.clone(), resume));
-    *shard.flusher.borrow_mut() = Some(flusher);
+    *shard.durable.flusher.borrow_mut() = Some(flusher);
     let corrupt = recovered.corrupt > 0;
     drop(recovered);
-    shard.gate.spawn(watch_space(shard.clone(), log.clone()));
     shard
+        .base
+        .gate
+        .spawn(watch_space(shard.clone(), log.clone()));
+    shard
+        .base
         .gate
         .spawn(compaction_loop(shard.clone(), log.clone(), dir, corrupt));
-    shard.refresh_gauges(&shard.store.borrow());
+    shard.refresh_gauges(&shard.timers.store.borrow());
     if !recent.is_empty() {
-        shard.gate.spawn(super::resend::run(shard.clone(), recent));
+        shard
+            .base
+            .gate
+            .spawn(super::resend::run(shard.clone(), recent));
     }
-    tracing::info!(target: "chronos::storage", "shard {}: recovered {count} timers and tombstones in {} ms", shard.id, started.elapsed().as_millis());
-    if corrupt && shard.id == 0 && shard.has_peers() {
+    tracing::info!(target: "chronos::storage", "shard {}: recovered {count} timers and tombstones in {} ms", shard.base.id, started.elapsed().as_millis());
+    if corrupt && shard.base.id == 0 && shard.has_peers() {
         // What the skipped records held comes back from the peers.
-        shard.rebalance.request(true);
+        shard.resync.trigger.request(true);
     }
     log
 }
@@ -192,27 +223,27 @@ const SPACE_WATCH: Duration = Duration::from_millis(200);
 /// Read the free space of the log's file system every [`SPACE_WATCH`]
 /// (one `statvfs`), for the reserve ([`Shard::storage_admits_growth`]).
 async fn watch_space(shard: Rc<Shard>, log: Rc<Log>) {
-    while !shard.gate.is_closing() {
+    while !shard.base.gate.is_closing() {
         match crate::storage::free_bytes(log.dir()) {
             Ok(free) => log.set_free_bytes(free),
-            Err(e) => tracing::warn!(target: "chronos::storage", "shard {}: {e}", shard.id),
+            Err(e) => tracing::warn!(target: "chronos::storage", "shard {}: {e}", shard.base.id),
         }
         let tick = glommio::timer::sleep(SPACE_WATCH);
-        futures_lite::future::or(tick, shard.gate.closing()).await;
+        futures_lite::future::or(tick, shard.base.gate.closing()).await;
     }
 }
 
 /// Close the log at shutdown: write what is pending, then end.
 pub async fn close(shard: &Shard, timeout: Duration) {
-    let Some(log) = shard.log() else {
+    let Some(log) = shard.durable.log() else {
         return;
     };
     log.close();
-    let flusher = shard.flusher.borrow_mut().take();
+    let flusher = shard.durable.flusher.borrow_mut().take();
     if let Some(task) = flusher {
         let sleep = async {
             glommio::timer::sleep(timeout).await;
-            tracing::warn!(target: "chronos::storage", "shard {}: the timer log's last write did not end within {timeout:?}", shard.id);
+            tracing::warn!(target: "chronos::storage", "shard {}: the timer log's last write did not end within {timeout:?}", shard.base.id);
         };
         futures_lite::future::or(task, sleep).await;
     }
@@ -221,7 +252,7 @@ pub async fn close(shard: &Shard, timeout: Duration) {
 /// Snapshot whenever the log has outgrown its last snapshot (at once when
 /// recovery skipped corrupt records: the snapshot replaces them).
 async fn compaction_loop(shard: Rc<Shard>, log: Rc<Log>, dir: PathBuf, mut now: bool) {
-    let gate: Rc<Gate> = shard.gate.clone();
+    let gate: Rc<Gate> = shard.base.gate.clone();
     while !gate.is_closing() {
         if !now {
             if gate.unless_closing(log.compact.wait()).await.is_none() {
@@ -233,7 +264,7 @@ async fn compaction_loop(shard: Rc<Shard>, log: Rc<Log>, dir: PathBuf, mut now: 
         }
         now = false;
         if let Err(why) = snapshot(&shard, &log, &dir).await {
-            tracing::error!(target: "chronos::storage", "shard {}: snapshot failed: {why}; retrying in {SNAPSHOT_RETRY:?}", shard.id);
+            tracing::error!(target: "chronos::storage", "shard {}: snapshot failed: {why}; retrying in {SNAPSHOT_RETRY:?}", shard.base.id);
             let _ = gate
                 .unless_closing(glommio::timer::sleep(SNAPSHOT_RETRY))
                 .await;
@@ -252,7 +283,7 @@ async fn snapshot(shard: &Shard, log: &Log, dir: &std::path::Path) -> Result<(),
     let mut from = Some(0);
     while let Some(at) = from {
         {
-            let store = shard.store.borrow();
+            let store = shard.timers.store.borrow();
             from = store.scan_slice(at, SNAPSHOT_SLICE, |_, due, t| {
                 store.snapshot_put(&mut w.enc, due, t);
             });
@@ -265,7 +296,7 @@ async fn snapshot(shard: &Shard, log: &Log, dir: &std::path::Path) -> Result<(),
     {
         // Pops in flight: as the log has them, before the pop (written
         // last, so they win over the store's state of the same ID).
-        let store = shard.store.borrow();
+        let store = shard.timers.store.borrow();
         shard
             .pop
             .each_before_pop(|due, t| store.snapshot_put(&mut w.enc, due, t));
@@ -275,13 +306,13 @@ async fn snapshot(shard: &Shard, log: &Log, dir: &std::path::Path) -> Result<(),
     storage::fault_point("after-snapshot-rename");
     let removed = snapshot::remove_covered(dir, covers_lsn).await?;
     log.snapshot_taken(bytes, log.since_snapshot_bytes() - since_at_start);
-    let stats = shard.my_stats();
+    let stats = shard.base.my_stats();
     ShardStats::add(&stats.storage_snapshots, 1);
     let took = started.elapsed();
     stats.record_storage_snapshot(took);
     stats
         .storage_snapshot_unix_ms
         .store(crate::runtime::clock::unix_ms() as i64, Ordering::Relaxed);
-    tracing::info!(target: "chronos::storage", "shard {}: snapshot of {count} timers ({bytes} bytes) in {} ms; {removed} file(s) it covers removed", shard.id, took.as_millis());
+    tracing::info!(target: "chronos::storage", "shard {}: snapshot of {count} timers ({bytes} bytes) in {} ms; {removed} file(s) it covers removed", shard.base.id, took.as_millis());
     Ok(())
 }

@@ -48,12 +48,18 @@ impl Shard {
     pub async fn owed_to(&self, address: &str, out: &mut Vec<(u64, u64)>) -> bool {
         out.clear();
         let mut repair = false;
-        for shard in 0..self.shards {
-            let (queued, settled, r) = if shard == self.id {
-                self.replicator.owed(address).unwrap_or((0, 0, false))
+        for shard in 0..self.base.shards {
+            let (queued, settled, r) = if shard == self.base.id {
+                self.outbound
+                    .replicator
+                    .owed(address)
+                    .unwrap_or((0, 0, false))
             } else {
                 let node = address.to_string();
-                let asked = self.mesh.ask(shard, |reply| MeshMsg::Owed { node, reply });
+                let asked = self
+                    .base
+                    .mesh
+                    .ask(shard, |reply| MeshMsg::Owed { node, reply });
                 match asked.await {
                     Some(Reply::Owed(q, s, r)) => (q, s, r),
                     _ => (0, 0, false),
@@ -73,7 +79,7 @@ impl Shard {
     /// load the queues are never empty).
     pub async fn handoff(&self, query: &str) -> Result<String, (u16, String)> {
         let (node, wait_ms) = handoff_query(query)?;
-        if self.cluster().peer_of(&node).is_none() {
+        if self.timers.cluster().peer_of(&node).is_none() {
             return Err((404, format!("{node} is not a node of this cluster")));
         }
         let deadline = Instant::now() + Duration::from_millis(wait_ms);
@@ -87,7 +93,7 @@ impl Shard {
                 .map(|(&(queued, _), &(_, settled))| queued.saturating_sub(settled))
                 .sum();
             let done = owed == 0 && !repair;
-            if done || Instant::now() >= deadline || self.gate.is_closing() {
+            if done || Instant::now() >= deadline || self.base.gate.is_closing() {
                 return Ok(format!("{{\"owed\":{owed},\"repair\":{repair}}}"));
             }
             glommio::timer::sleep(POLL).await;
@@ -126,21 +132,21 @@ fn handoff_query(query: &str) -> Result<(String, u64), (u16, String)> {
 /// Shard 0, once every shard has replayed its log: ask every other node
 /// for what it owes this one, then let every shard pop.
 pub async fn catch_up(shard: &Rc<Shard>) {
-    assert_eq!(shard.id, 0, "shard 0 runs the hand-off");
+    assert_eq!(shard.base.id, 0, "shard 0 runs the hand-off");
     let started = Instant::now();
-    while shard.recovering() && !shard.gate.is_closing() {
+    while shard.recovering() && !shard.base.gate.is_closing() {
         glommio::timer::sleep(POLL).await;
     }
     let deadline = started + Duration::from_millis(CATCH_UP_MS_MAX);
-    let cluster = shard.cluster();
-    let timeout = Duration::from_millis(shard.resolved.config.cluster.replication_timeout_ms);
+    let cluster = shard.timers.cluster();
+    let timeout = Duration::from_millis(shard.base.resolved.config.cluster.replication_timeout_ms);
     let client = Rc::new(
         Client::new(ClientConfig {
             timeout: timeout + Duration::from_millis(HANDOFF_WAIT_MS_MAX),
             connect_timeout: timeout.min(Duration::from_secs(1)),
             per_host_max: 1,
         })
-        .with_peer_tls(shard.resolved.peer_tls.as_ref().map(tls::for_shard)),
+        .with_peer_tls(shard.base.resolved.peer_tls.as_ref().map(tls::for_shard)),
     );
     let me = cluster.local_address.clone();
     // Every peer at once, each within what is left of the bound.
@@ -181,7 +187,9 @@ pub async fn catch_up(shard: &Rc<Shard>) {
             tracing::warn!(target: "chronos::replication", "still owed replication by {} after {ms} ms ({CATCH_UP_MS_MAX} ms at most): popping; what arrives later applies then", waited_out.join(", "))
         }
     }
-    shard.stats[0].catching_up.store(false, Ordering::Release);
+    shard.base.stats[0]
+        .catching_up
+        .store(false, Ordering::Release);
 }
 
 /// Ask `node` until it owes this node nothing; `false` if it still did at
@@ -196,11 +204,11 @@ async fn ask_until_settled(
     deadline: Instant,
 ) -> bool {
     let mut headers: Vec<(&str, &[u8])> = Vec::new();
-    if let Some(value) = super::authorization(&shard.resolved) {
+    if let Some(value) = super::authorization(&shard.base.resolved) {
         headers.push(("Authorization", value.as_bytes()));
     }
     let host = node.socket.ip().to_string();
-    while Instant::now() < deadline && !shard.gate.is_closing() {
+    while Instant::now() < deadline && !shard.base.gate.is_closing() {
         let left_ms = deadline
             .saturating_duration_since(Instant::now())
             .as_millis() as u64;
@@ -255,7 +263,7 @@ fn encode(address: &str) -> String {
 
 /// Every shard: wait until shard 0 has finished the hand-off.
 pub async fn wait_caught_up(shard: &Shard) {
-    while shard.stats[0].catching_up.load(Ordering::Acquire) && !shard.gate.is_closing() {
+    while shard.base.stats[0].catching_up.load(Ordering::Acquire) && !shard.base.gate.is_closing() {
         glommio::timer::sleep(POLL).await;
     }
 }

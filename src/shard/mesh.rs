@@ -3,8 +3,8 @@
 //! travels with a oneshot for the reply. The composition root decides what
 //! each message does on its receiver.
 
-use super::resync::{Query, ShardPage};
-use super::OpError;
+use super::error::OpError;
+use super::resync::query::{Query, ShardPage};
 use crate::timer::{TimerHead, TimerSpec};
 use glommio::channels::oneshot::SharedSender;
 

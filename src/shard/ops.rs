@@ -3,6 +3,7 @@
 //! incarnation on the shard that owns its ID under the conflict rules.
 
 use super::conflict::{self, Source};
+use super::error::OpError;
 use super::mesh::{MeshMsg, Reply};
 use super::replication::body_of;
 use super::view::Placement;
@@ -22,22 +23,6 @@ pub const TOMBSTONE_MS_DEFAULT: u64 = 10_000;
 /// (timing, version, view, field names), over-estimated.
 const BODY_BYTES_BASE: usize = 512;
 
-/// Why a timer operation failed: an HTTP status and a reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpError {
-    pub status: u16,
-    pub reason: String,
-}
-
-impl OpError {
-    pub fn new(status: u16, reason: impl Into<String>) -> Self {
-        OpError {
-            status,
-            reason: reason.into(),
-        }
-    }
-}
-
 impl Shard {
     /// The factor a client asked for (or the default). It is kept with
     /// the timer; placement caps it at the cluster size of the moment.
@@ -50,16 +35,16 @@ impl Shard {
     /// `default-replication-factor`, capped as the codec caps a requested
     /// one (no cluster has more nodes; a timer record keeps 7 bits).
     pub(super) fn default_factor(&self) -> u8 {
-        let factor = self.resolved.config.timers.default_replication_factor;
+        let factor = self.base.resolved.config.timers.default_replication_factor;
         factor.min(crate::timer::NODES_MAX as u8)
     }
 
     pub(super) fn placement(&self, unique: u64, factor: usize) -> Placement {
-        Placement::of(&self.cluster(), unique, factor)
+        Placement::of(&self.timers.cluster(), unique, factor)
     }
 
     pub(super) fn without_me(&self, mask: u64) -> u64 {
-        self.view.without_me(mask)
+        self.timers.view.without_me(mask)
     }
 
     /// The head of a client's incarnation; `now_us`: the wall clock
@@ -73,16 +58,16 @@ impl Shard {
         TimerHead {
             id,
             start_ms: clock::now_ms_ceil(),
-            version: self.next_version_at(now_us),
+            version: self.timers.next_version_at(now_us),
             interval_ms: spec.interval_ms,
             repeat_for_ms: spec.repeat_for_ms,
             sequence: 0,
-            view: self.view(),
+            view: self.timers.view(),
             replica_index: pl.my_index.unwrap_or(0),
             replication_factor: pl.count as u8,
             factor_requested,
             site_index: 0,
-            sites: self.resolved.sites.own_list(),
+            sites: self.base.resolved.sites.own_list(),
         }
     }
 
@@ -97,11 +82,15 @@ impl Shard {
     pub fn create(&self, spec: &TimerSpec) -> Result<(TimerId, Ticket), OpError> {
         // One wall-clock read for the ID's ms and the version's µs.
         let now_us = clock::unix_us();
-        let unique = self.store.borrow_mut().ids.next(now_us / 1000);
-        assert_eq!(shard_of(unique, self.shards), self.id, "a POST never hops");
+        let unique = self.timers.store.borrow_mut().ids.next(now_us / 1000);
+        assert_eq!(
+            shard_of(unique, self.base.shards),
+            self.base.id,
+            "a POST never hops"
+        );
         let mut pl = Placement::empty();
         pl.fill(
-            &self.cluster(),
+            &self.timers.cluster(),
             unique,
             self.factor_requested(spec) as usize,
         );
@@ -114,11 +103,11 @@ impl Shard {
         if pl.my_index.is_some() {
             self.apply(head, Some(spec), Source::Client)?;
         } else {
-            ShardStats::add(&self.my_stats().timers_created, 1);
+            ShardStats::add(&self.base.my_stats().timers_created, 1);
         }
         let ticket = self.open_ticket(pl.my_index.is_none());
         self.replicate_spec(&head, spec, &pl, self.without_me(pl.mask()), true);
-        self.replicator.acks().close_queueing();
+        self.outbound.replicator.acks().close_queueing();
         Ok((id, ticket))
     }
 
@@ -126,7 +115,7 @@ impl Shard {
     /// replica (`needed`); 0 otherwise.
     fn open_ticket(&self, needed: bool) -> Ticket {
         match needed && self.has_peers() {
-            true => self.replicator.acks().open(),
+            true => self.outbound.replicator.acks().open(),
             false => 0,
         }
     }
@@ -140,10 +129,10 @@ impl Shard {
         if ticket == 0 {
             return Ok(());
         }
-        let bound_ms = 2 * self.resolved.config.cluster.replication_timeout_ms;
+        let bound_ms = 2 * self.base.resolved.config.cluster.replication_timeout_ms;
         // A reused timer: no allocation on this path when it goes well.
         let limit = crate::runtime::sleep::sleep(Duration::from_millis(bound_ms));
-        let acked = async { Some(self.replicator.acks().wait(ticket).await) };
+        let acked = async { Some(self.outbound.replicator.acks().wait(ticket).await) };
         let timed_out = async {
             limit.await;
             None
@@ -183,7 +172,10 @@ impl Shard {
     /// [`Shard::check_backed`] for a message of about `bytes`.
     fn check_queued(&self, pl: &Placement, bytes: usize) -> Result<(), OpError> {
         let replicas = self.without_me(pl.mask());
-        if pl.my_index.is_some() || replicas == 0 || self.replicator.can_queue(replicas, bytes) {
+        if pl.my_index.is_some()
+            || replicas == 0
+            || self.outbound.replicator.can_queue(replicas, bytes)
+        {
             return Ok(());
         }
         Err(OpError::new(
@@ -221,7 +213,7 @@ impl Shard {
         let others = self.without_me(self.holders(id, stored_factor)) & !replicas;
         let ticket = self.open_ticket(pl.my_index.is_none());
         self.replicate_spec(&head, &spec, &pl, replicas, true);
-        self.replicator.acks().close_queueing();
+        self.outbound.replicator.acks().close_queueing();
         self.replicate_spec(&head, &spec, &pl, others, false);
         self.replica_acked(new_id, ticket).await?;
         Ok(new_id)
@@ -235,18 +227,18 @@ impl Shard {
         let head = TimerHead {
             id,
             start_ms: clock::now_ms_ceil(),
-            version: self.next_version(),
+            version: self.timers.next_version(),
             interval_ms: 0,
             repeat_for_ms: 0,
             sequence: 0,
-            view: self.view(),
+            view: self.timers.view(),
             replica_index: 0,
             replication_factor: 1,
             factor_requested: self.default_factor(),
             site_index: 0,
-            sites: self.resolved.sites.own_list(),
+            sites: self.base.resolved.sites.own_list(),
         };
-        let named = self.cluster().bloom_matches(id.bloom);
+        let named = self.timers.cluster().bloom_matches(id.bloom);
         let guess = self.default_factor().max(named.count_ones() as u8) as usize;
         self.check_queued(
             &self.placement(id.unique, guess),
@@ -260,7 +252,7 @@ impl Shard {
         // The ticket covers the replicas' messages only (as an update's).
         let ticket = self.open_ticket(pl.my_index.is_none());
         self.send_delete(&head, holders, replicas);
-        self.replicator.acks().close_queueing();
+        self.outbound.replicator.acks().close_queueing();
         self.send_delete(&head, holders, self.without_me(holders) & !replicas);
         self.send_to_sites(&head, ("", ""), &[]);
         self.replica_acked(id, ticket).await
@@ -271,7 +263,7 @@ impl Shard {
         if targets == 0 {
             return;
         }
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let mut names = [""; NODES_MAX];
         let mut n = 0;
         for (i, node) in cluster.all_nodes().enumerate() {
@@ -292,14 +284,14 @@ impl Shard {
     /// so a delete placed with the default alone missed the replicas a
     /// grow gave a timer of a larger factor (issue 37).
     pub(super) fn holders(&self, id: TimerId, stored_factor: u8) -> u64 {
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let named = cluster.bloom_matches(id.bloom);
         let factor = self
             .default_factor()
             .max(stored_factor)
             .max(named.count_ones() as u8) as usize;
         let mut mask = named | self.placement(id.unique, factor).mask();
-        if let Some(before) = self.view.previous() {
+        if let Some(before) = self.timers.view.previous() {
             for r in Placement::of(&before, id.unique, factor).members() {
                 let address = &before.node_at(*r).address;
                 if let Some(peer) = cluster.peer_of(address) {
@@ -318,7 +310,7 @@ impl Shard {
         spec: TimerSpec<'_>,
     ) -> Result<TimerId, OpError> {
         let (head, is_replica) = self.replica_head(id, &spec);
-        ShardStats::add(&self.my_stats().replication_received, 1);
+        ShardStats::add(&self.base.my_stats().replication_received, 1);
         let source = source_of(&spec);
         let local = (is_replica && !spec.is_tombstone()).then_some(spec);
         self.route_apply(head, local, source).await?;
@@ -343,23 +335,23 @@ impl Shard {
         let pl = self.placement(id.unique, factor as usize);
         let (mut head, _) = self.replica_head(id, &spec);
         head.id.bloom = pl.bloom;
-        head.view = self.view();
+        head.view = self.timers.view();
         head.replica_index = pl.my_index.unwrap_or(0);
         head.replication_factor = pl.count as u8;
         head.factor_requested = factor;
-        ShardStats::add(&self.my_stats().site_received, 1);
+        ShardStats::add(&self.base.my_stats().site_received, 1);
         let mut targets = pl.mask();
         if spec.is_tombstone() {
-            targets |= self.cluster().bloom_matches(id.bloom);
+            targets |= self.timers.cluster().bloom_matches(id.bloom);
         }
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let (names, n) = pl.names(&cluster);
         let tags: Vec<(&str, u32)> = spec.tags.iter().map(|(t, c)| (t.as_ref(), *c)).collect();
         let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
         let targets = self.without_me(targets);
         let source = source_of(&spec);
         if targets != 0 {
-            let sites = self.resolved.sites.names(head.sites);
+            let sites = self.base.resolved.sites.names(head.sites);
             let mut body = body_of(&head, callback, &tags, &names[..n], &sites, cluster.view_id);
             body.only_newer = source == Source::PeerIfNewer;
             self.send_body(head.id, &body, targets);
@@ -377,7 +369,7 @@ impl Shard {
             .replication
             .as_ref()
             .expect("replica_update is called for replication bodies");
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let now = clock::now_ms_ceil();
         let delta_ms = r
             .start_time_delta_ms
@@ -399,7 +391,7 @@ impl Shard {
                 .unwrap_or_else(|| address_bloom(a))
         });
         let view = match r.cluster_view_id.as_deref() {
-            None => self.view(),
+            None => self.timers.view(),
             Some(text) => text.parse::<u64>().map(view_fingerprint).unwrap_or(0),
         };
         let mut head = TimerHead {
@@ -421,7 +413,7 @@ impl Shard {
             site_index: 0,
             sites: SITES_NONE,
         };
-        let sites = &self.resolved.sites;
+        let sites = &self.base.resolved.sites;
         if !r.sites.is_empty() {
             head.sites = sites.pack_names(r.sites.iter().map(|s| s.as_ref()));
             head.site_index = Sites::local_position(head.sites).unwrap_or(r.sites.len() as u8);
@@ -445,7 +437,7 @@ impl Shard {
         // Another node's or site's create can be retried this long behind
         // a delete.
         let late_ms_max = self.replication_late_ms_max();
-        (interval + self.skew_ms() * t.replication_factor().max(1) as u64).max(late_ms_max)
+        (interval + self.base.skew_ms() * t.replication_factor().max(1) as u64).max(late_ms_max)
     }
 
     /// Store an incarnation (`spec: None` or an empty callback: a tombstone)
@@ -459,23 +451,23 @@ impl Shard {
         source: Source,
     ) -> Result<u8, OpError> {
         assert_eq!(
-            shard_of(head.id.unique, self.shards),
-            self.id,
+            shard_of(head.id.unique, self.base.shards),
+            self.base.id,
             "applied on its owner"
         );
         let unique = head.id.unique;
         let tombstone = spec.is_none_or(|s| s.is_tombstone());
-        let mut store = self.store.borrow_mut();
+        let mut store = self.timers.store.borrow_mut();
         let existing = store
             .get(unique)
             .map(|(due, t)| (due, t.head(), t.is_tombstone()));
         if let Some((_, old, old_tomb)) = &existing {
-            let (current, past) = (self.view(), self.view.past());
+            let (current, past) = (self.timers.view(), self.timers.view.past());
             if !conflict::admits(source, (&head, tombstone), (old, *old_tomb), current, &past) {
-                ShardStats::add(&self.my_stats().replication_stale, 1);
+                ShardStats::add(&self.base.my_stats().replication_stale, 1);
                 return Ok(old.factor_requested);
             }
-        } else if store.len() >= self.resolved.config.timers.timers_per_shard_max {
+        } else if store.len() >= self.base.resolved.config.timers.timers_per_shard_max {
             return Err(OpError::new(
                 503,
                 "timer capacity of this shard is exhausted",
@@ -500,7 +492,7 @@ impl Shard {
             .as_ref()
             .map_or(0, |(_, old, _)| old.factor_requested);
         let old_due = existing.map(|(due, _, _)| due);
-        let old = old_due.and_then(|_| store.remove(unique));
+        let old = old_due.and_then(|_| store.remove(unique, self.durable.log()));
         if let Some(o) = &old {
             self.keep_informational(&mut store, o, &head);
         }
@@ -513,7 +505,7 @@ impl Shard {
         if let Some(due) = placed {
             self.pop.wake_if_before(due);
         }
-        if source != Source::Client && head.sequence == 0 && head.view != self.view() {
+        if source != Source::Client && head.sequence == 0 && head.view != self.timers.view() {
             self.pass_on(&head);
         }
         Ok(stored_factor)
@@ -527,7 +519,7 @@ impl Shard {
     /// missed the joiner, which popped the timer). A node of the same view
     /// receiving it does not pass it on again.
     fn pass_on(&self, head: &TimerHead) {
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let factor = self.default_factor().max(head.factor_requested) as usize;
         let named = cluster.bloom_matches(head.id.bloom);
         let mine = self.placement(head.id.unique, factor).mask();
@@ -547,15 +539,15 @@ impl Shard {
             store.drop_info(old.unique);
             return;
         }
-        let moved = old.view != self.view() && new.view != old.view;
+        let moved = old.view != self.timers.view() && new.view != old.view;
         if moved && !old.is_tombstone() && old.informed() != 0 {
             let kept = store.keep_info(old.share());
-            ShardStats::add(&self.my_stats().resync_informational, kept as u64);
+            ShardStats::add(&self.base.my_stats().resync_informational, kept as u64);
         }
     }
 
     fn count_client_op(&self, tombstone: bool, old_live: bool) {
-        let stats = self.my_stats();
+        let stats = self.base.my_stats();
         match (tombstone, old_live) {
             (false, false) => ShardStats::add(&stats.timers_created, 1),
             (false, true) => ShardStats::add(&stats.timers_updated, 1),
@@ -575,8 +567,8 @@ impl Shard {
         old_due: Option<u64>,
     ) -> Option<u64> {
         if !timer.is_tombstone() && timer.has_next_pop() {
-            let due = timer.next_pop_ms(self.skew_ms());
-            store.insert(due, timer);
+            let due = timer.next_pop_ms(self.base.skew_ms());
+            store.insert(due, timer, self.durable.log());
             return Some(due);
         }
         if !self.keeps_tombstones() {
@@ -594,7 +586,7 @@ impl Shard {
             }
         }
         let due = old_due.unwrap_or(0).max(clock::now_ms()) + self.tombstone_life_ms(&timer);
-        store.insert(due, timer);
+        store.insert(due, timer, self.durable.log());
         Some(due)
     }
 
@@ -606,14 +598,15 @@ impl Shard {
         spec: Option<TimerSpec<'_>>,
         source: Source,
     ) -> Result<u8, OpError> {
-        let owner = shard_of(head.id.unique, self.shards);
-        if owner == self.id {
+        let owner = shard_of(head.id.unique, self.base.shards);
+        if owner == self.base.id {
             let stored_factor = self.apply(head, spec.as_ref(), source)?;
             self.settle().await?;
             return Ok(stored_factor);
         }
-        ShardStats::add(&self.my_stats().mesh_forwarded, 1);
+        ShardStats::add(&self.base.my_stats().mesh_forwarded, 1);
         let reply = self
+            .base
             .mesh
             .ask(owner, |reply| MeshMsg::Apply {
                 head,

@@ -9,6 +9,7 @@ use crate::cluster::sites::Sites;
 use crate::http::client::CallbackKey;
 use crate::runtime::clock;
 use crate::runtime::notify::Notify;
+use crate::runtime::throttle::Throttle;
 use crate::stats::ShardStats;
 use crate::timer::Timer;
 use futures_lite::future;
@@ -52,6 +53,9 @@ pub struct PopState {
     /// Callback workers waiting for a pop, most recently idle last: at
     /// most [`IDLE_WORKERS_MAX`].
     idle: RefCell<Vec<Rc<Worker>>>,
+    /// `[throttling]`'s bucket (the shard's share; `api` admits client
+    /// requests by it): the pops' lateness steers it too.
+    throttle: Option<Rc<Throttle>>,
 }
 
 /// A dispatched incarnation ([`PopState::dispatched`]).
@@ -85,8 +89,8 @@ impl Drop for Slot {
         if pop.forget_dispatched(self.unique, self.version) {
             // The log kept the pre-pop state until now: log the outcome
             // (never inside a store borrow: a miss re-pops after a crash).
-            if let Ok(store) = self.shard.store.try_borrow() {
-                store.log_current(self.unique);
+            if let Ok(store) = self.shard.timers.store.try_borrow() {
+                store.log_current(self.unique, self.shard.durable.log());
             }
         }
         if pop.blocked.replace(false) {
@@ -110,7 +114,7 @@ const RESERVE_SPREAD: usize = 8;
 /// (`callback-in-flight-per-target-max`) with few in flight next to the
 /// free slots.
 fn may_start(shard: &Shard, target: u64) -> bool {
-    let timers = &shard.resolved.config.timers;
+    let timers = &shard.base.resolved.config.timers;
     let max = timers.callback_in_flight_max;
     let taken = shard.pop.in_flight.get();
     if taken + max / RESERVE_DIVISOR < max {
@@ -134,7 +138,7 @@ fn promote_held(shard: &Shard, target: u64) {
         };
         // Never inside a borrow of the store (a slot is dropped at the end
         // of its task); the fallback time covers a busy store anyway.
-        let Ok(mut store) = shard.store.try_borrow_mut() else {
+        let Ok(mut store) = shard.timers.store.try_borrow_mut() else {
             return;
         };
         let now = clock::now_ms();
@@ -146,8 +150,10 @@ fn promote_held(shard: &Shard, target: u64) {
         });
         if held {
             // Logged (a snapshot may not see a timer that moves unlogged).
-            let timer = store.remove(unique).expect("just found");
-            store.insert(now, timer);
+            let timer = store
+                .remove(unique, shard.durable.log())
+                .expect("just found");
+            store.insert(now, timer, shard.durable.log());
             drop(store);
             shard.pop.wake_if_before(now);
             return;
@@ -156,8 +162,8 @@ fn promote_held(shard: &Shard, target: u64) {
     shard.pop.targets.drop_held_if_idle(target);
 }
 
-impl Default for PopState {
-    fn default() -> Self {
+impl PopState {
+    pub fn new(throttle: Option<Rc<Throttle>>) -> Self {
         PopState {
             wake: Notify::default(),
             blocked: Cell::new(false),
@@ -166,11 +172,20 @@ impl Default for PopState {
             targets: Targets::default(),
             dispatched: RefCell::new(HashMap::new()),
             idle: RefCell::new(Vec::new()),
+            throttle,
         }
     }
 }
 
 impl PopState {
+    /// A pop's lateness, which the bucket steers by (what a timer service
+    /// promises), as it does by a client request's latency.
+    fn record_lateness(&self, late_us: u64) {
+        if let Some(t) = &self.throttle {
+            t.record(late_us, Instant::now());
+        }
+    }
+
     /// Wake the loop if `due_ms` is before the deadline it sleeps until.
     pub fn wake_if_before(&self, due_ms: u64) {
         if due_ms < self.armed_ms.get() {
@@ -252,12 +267,12 @@ impl PopState {
 
 pub async fn pop_loop(shard: Rc<Shard>) {
     let mut due: Vec<(u64, Timer)> = Vec::with_capacity(POPS_PER_TURN_MAX);
-    let in_flight_max = shard.resolved.config.timers.callback_in_flight_max;
+    let in_flight_max = shard.base.resolved.config.timers.callback_in_flight_max;
     let pop = &shard.pop;
     // One timer for every sleep of the loop, re-armed (no allocation per
     // sleep).
     let mut timer = glommio::timer::Timer::new(Duration::from_millis(IDLE_SLEEP_MS));
-    while !shard.gate.is_closing() {
+    while !shard.base.gate.is_closing() {
         // Backpressure: with every callback slot taken, due timers stay in
         // the wheel (late, not lost) until a callback finishes; with the
         // timer log behind the disk, until it catches up.
@@ -266,23 +281,23 @@ pub async fn pop_loop(shard: Rc<Shard>) {
             // Fail-stop (issue 38): a pop that cannot be logged may be
             // repeated; the node is stopping, and the other replicas pop
             // at their skew.
-            shard.gate.closing().await;
+            shard.base.gate.closing().await;
             break;
         }
-        if shard.log().is_some_and(|l| l.is_behind()) {
+        if shard.durable.log().is_some_and(|l| l.is_behind()) {
             let wait = rearm(&mut timer, Duration::from_millis(LOG_BEHIND_WAIT_MS));
-            future::or(wait, shard.gate.closing()).await;
+            future::or(wait, shard.base.gate.closing()).await;
             continue;
         }
         if room == 0 {
             pop.blocked.set(true);
             let idle = rearm(&mut timer, Duration::from_millis(IDLE_SLEEP_MS));
-            future::or(future::or(pop.wake.wait(), idle), shard.gate.closing()).await;
+            future::or(future::or(pop.wake.wait(), idle), shard.base.gate.closing()).await;
             continue;
         }
         let limit = POPS_PER_TURN_MAX.min(room);
         let now = clock::now_ms();
-        let fired = shard.store.borrow_mut().poll(now, limit, &mut due);
+        let fired = shard.timers.store.borrow_mut().poll(now, limit, &mut due);
         assert!(fired <= limit && due.len() == fired);
         if fired > 0 {
             take_due(&shard, now, &mut due);
@@ -291,7 +306,7 @@ pub async fn pop_loop(shard: Rc<Shard>) {
             glommio::yield_if_needed().await;
             continue;
         }
-        let next = shard.store.borrow().next_deadline_ms();
+        let next = shard.timers.store.borrow().next_deadline_ms();
         let wake_ms = next
             .unwrap_or(u64::MAX)
             .min(clock::now_ms() + IDLE_SLEEP_MS);
@@ -299,7 +314,7 @@ pub async fn pop_loop(shard: Rc<Shard>) {
         let sleep_for = clock::instant_of(wake_ms).saturating_duration_since(Instant::now());
         if !sleep_for.is_zero() {
             let sleep = future::or(rearm(&mut timer, sleep_for), pop.wake.wait());
-            future::or(sleep, shard.gate.closing()).await;
+            future::or(sleep, shard.base.gate.closing()).await;
         }
         pop.armed_ms.set(u64::MAX);
     }
@@ -314,24 +329,28 @@ async fn rearm(timer: &mut glommio::timer::Timer, after: Duration) {
 /// Dispatch every due timer and put repeating ones back at their next pop
 /// (the final pop leaves a tombstone one more life, when there are peers).
 fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
-    let stats = shard.my_stats();
+    let stats = shard.base.my_stats();
     let pop = &shard.pop;
-    let logged = shard.store.borrow().logged();
-    let skew = shard.resolved.config.timers.replica_skew_ms;
+    let logged = shard.durable.log().is_some();
+    let skew = shard.base.resolved.config.timers.replica_skew_ms;
     for (due_ms, timer) in due.drain(..) {
-        if timer.is_tombstone() && shard.replicator.owes_tombstone(timer.unique) {
+        if timer.is_tombstone() && shard.outbound.replicator.owes_tombstone(timer.unique) {
             // Its delete is still queued for a member (issue 37): kept one
             // more life, logged, so a restart sends it again.
             let until = now + shard.tombstone_life_ms(&timer);
-            shard.store.borrow_mut().insert(until, timer);
+            shard
+                .timers
+                .store
+                .borrow_mut()
+                .insert(until, timer, shard.durable.log());
             continue;
         }
         if timer.is_tombstone() {
             // Lived out its interval, and any informational copy with it.
             ShardStats::add(&stats.tombstones_expired, 1);
-            let mut store = shard.store.borrow_mut();
+            let mut store = shard.timers.store.borrow_mut();
             store.drop_info(timer.unique);
-            store.log_current(timer.unique);
+            store.log_current(timer.unique, shard.durable.log());
             continue;
         }
         let target = target_of(timer.uri());
@@ -342,7 +361,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
             continue;
         };
         ShardStats::add(&stats.timers_popped, 1);
-        shard.record_latency(late_ms * 1000);
+        shard.pop.record_lateness(late_ms * 1000);
         // This pop as it is taken: what its callback sends and its success
         // replicates, even when the next pop has been taken by then (a
         // callback slower than the interval).
@@ -354,7 +373,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
         advance(shard, now, timer);
         dispatch(shard, popped, target, wait, scheduled_ms);
     }
-    shard.refresh_gauges(&shard.store.borrow());
+    shard.refresh_gauges(&shard.timers.store.borrow());
 }
 
 /// Put `timer` back after its pop was taken (here, or left to the next
@@ -363,12 +382,12 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
 fn advance(shard: &Shard, now: u64, mut timer: Timer) {
     timer.sequence += 1;
     if timer.has_next_pop() {
-        let next = timer.next_pop_ms(shard.resolved.config.timers.replica_skew_ms);
-        shard.store.borrow_mut().insert_unlogged(next, timer);
+        let next = timer.next_pop_ms(shard.base.resolved.config.timers.replica_skew_ms);
+        shard.timers.store.borrow_mut().insert_unlogged(next, timer);
     } else if shard.keeps_tombstones() {
         let tomb = timer.to_tombstone();
         let until = now + shard.tombstone_life_ms(&tomb);
-        shard.store.borrow_mut().insert_unlogged(until, tomb);
+        shard.timers.store.borrow_mut().insert_unlogged(until, tomb);
     }
 }
 
@@ -381,7 +400,7 @@ fn advance(shard: &Shard, now: u64, mut timer: Timer) {
 /// and the shard's reserve is reached, or it is too late to start before
 /// the next replica's turn.
 fn pop_wait(shard: &Shard, timer: &Timer, target: u64, late_ms: u64) -> Option<Option<Duration>> {
-    let timers = &shard.resolved.config.timers;
+    let timers = &shard.base.resolved.config.timers;
     let later = has_later_pop_elsewhere(shard, timer);
     if later && late_ms >= timers.callback_wait_ms {
         return None;
@@ -398,8 +417,8 @@ fn pop_wait(shard: &Shard, timer: &Timer, target: u64, late_ms: u64) -> Option<O
 /// target's next callback ends (or its fallback time), so a slow or
 /// hanging target never holds up other targets' pops. Late, not lost.
 fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Timer) {
-    let stats = shard.my_stats();
-    let wait_ms = shard.resolved.config.timers.callback_wait_ms;
+    let stats = shard.base.my_stats();
+    let wait_ms = shard.base.resolved.config.timers.callback_wait_ms;
     let later = has_later_pop_elsewhere(shard, &timer);
     if later && late_ms >= wait_ms {
         // Too late to start before the next replica's turn: this pop is
@@ -409,7 +428,11 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
         ShardStats::add(&stats.callbacks_deferred, 1);
         let unique = timer.unique;
         advance(shard, now, timer);
-        shard.store.borrow().log_current(unique);
+        shard
+            .timers
+            .store
+            .borrow()
+            .log_current(unique, shard.durable.log());
         return;
     }
     ShardStats::add(&stats.callbacks_held, 1);
@@ -423,13 +446,17 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
     shard.pop.targets.hold(target, timer.unique, due_ms);
     // Logged: the pop has not happened, and a snapshot may not see a
     // timer that moves unlogged.
-    shard.store.borrow_mut().insert(due_ms, timer);
+    shard
+        .timers
+        .store
+        .borrow_mut()
+        .insert(due_ms, timer, shard.durable.log());
 }
 
 /// Whether another replica (or site) pops `timer` after this node.
 fn has_later_pop_elsewhere(shard: &Shard, timer: &Timer) -> bool {
     let later_replica = timer.replica_index() as usize + 1 < timer.replication_factor() as usize;
-    let sites = &shard.resolved.sites;
+    let sites = &shard.base.resolved.sites;
     let later_site =
         sites.replicating() && Sites::count(timer.sites) > timer.site_index() as usize + 1;
     (later_replica && shard.has_peers()) || later_site
@@ -452,7 +479,7 @@ fn dispatch(
     scheduled_ms: u64,
 ) {
     let pop = &shard.pop;
-    let timers = &shard.resolved.config.timers;
+    let timers = &shard.base.resolved.config.timers;
     assert!(
         pop.in_flight.get() < timers.callback_in_flight_max,
         "the pop loop keeps the bound"
@@ -521,7 +548,7 @@ async fn work(shard: Rc<Shard>, me: Rc<Worker>) {
         if let Some(job) = me.job.take() {
             run_callback(job).await;
         }
-        if shard.gate.is_closing() {
+        if shard.base.gate.is_closing() {
             return;
         }
         if shard.pop.idle.borrow().len() >= IDLE_WORKERS_MAX {
@@ -530,7 +557,7 @@ async fn work(shard: Rc<Shard>, me: Rc<Worker>) {
             return;
         }
         shard.pop.idle.borrow_mut().push(me.clone());
-        future::or(me.wake.wait(), shard.gate.closing()).await;
+        future::or(me.wake.wait(), shard.base.gate.closing()).await;
         let job = me.job.take();
         match job {
             Some(job) => me.job.set(Some(job)),
@@ -561,10 +588,11 @@ async fn run_callback(job: PopJob) {
     };
     let started = Instant::now();
     let result = shard
+        .outbound
         .client
         .callback(popped.uri(), popped.opaque().as_bytes(), key, wait)
         .await;
-    let stats = shard.my_stats();
+    let stats = shard.base.my_stats();
     stats.record_callback_latency(started.elapsed().as_micros() as u64);
     match result {
         Ok(()) => {
@@ -597,7 +625,7 @@ async fn run_callback(job: PopJob) {
 /// replica), that ends a repeating timer: logged at warn with the ID and
 /// the reason, at most once per [`ENDED_LOG_EVERY`] per shard.
 fn on_failure(shard: &Shard, unique: u64, version: u64, sequence: u32, reason: &str) {
-    let mut store = shard.store.borrow_mut();
+    let mut store = shard.timers.store.borrow_mut();
     let Some((_, t)) = store.get(unique) else {
         return;
     };
@@ -606,7 +634,7 @@ fn on_failure(shard: &Shard, unique: u64, version: u64, sequence: u32, reason: &
     }
     // The stored copy waits for a later pop of its own: a repeating timer.
     let ended = (!has_later_pop_elsewhere(shard, t)).then(|| t.id());
-    store.remove(unique);
+    store.remove(unique, shard.durable.log());
     shard.refresh_gauges(&store);
     drop(store);
     if let Some(id) = ended {

@@ -39,6 +39,7 @@ const SLICE: usize = 512;
 pub async fn repair_loop(shard: Rc<Shard>) {
     loop {
         if shard
+            .base
             .gate
             .unless_closing(glommio::timer::sleep(POLL))
             .await
@@ -46,10 +47,10 @@ pub async fn repair_loop(shard: Rc<Shard>) {
         {
             return;
         }
-        let peers = shard.replicator.take_repair();
+        let peers = shard.outbound.replicator.take_repair();
         if peers != 0 {
             repair(&shard, peers).await;
-            shard.replicator.repair_done(peers);
+            shard.outbound.replicator.repair_done(peers);
         }
     }
 }
@@ -74,12 +75,12 @@ pub async fn resend_deletes(shard: Rc<Shard>) {
         if pl.my_index.is_none() {
             return 0;
         }
-        shard.without_me(pl.mask() | shard.cluster().bloom_matches(t.bloom))
+        shard.without_me(pl.mask() | shard.timers.cluster().bloom_matches(t.bloom))
     })
     .await;
-    ShardStats::add(&shard.my_stats().replication_resent, queued);
+    ShardStats::add(&shard.base.my_stats().replication_resent, queued);
     if queued > 0 {
-        tracing::info!(target: "chronos::replication", "shard {}: re-sent {queued} deletes to the timers' replicas under the new view", shard.id);
+        tracing::info!(target: "chronos::replication", "shard {}: re-sent {queued} deletes to the timers' replicas under the new view", shard.base.id);
     }
 }
 
@@ -88,15 +89,15 @@ async fn repair(shard: &Rc<Shard>, peers: u64) {
     assert!(peers != 0, "a repair has a peer");
     let names: Vec<String> = (0..64)
         .filter(|i| peers & (1u64 << i) != 0)
-        .filter_map(|i| shard.replicator.address(i))
+        .filter_map(|i| shard.outbound.replicator.address(i))
         .collect();
-    tracing::info!(target: "chronos::replication", "shard {}: repairing {}: sending what this shard holds for it", shard.id, names.join(", "));
+    tracing::info!(target: "chronos::replication", "shard {}: repairing {}: sending what this shard holds for it", shard.base.id, names.join(", "));
     let queued = send_selected(shard, |t| {
         shard.resend_targets_of(t).map_or(0, |(p, _)| p) & peers
     })
     .await;
-    ShardStats::add(&shard.my_stats().replication_repaired, queued);
-    tracing::info!(target: "chronos::replication", "shard {}: repair of {} done", shard.id, names.join(", "));
+    ShardStats::add(&shard.base.my_stats().replication_repaired, queued);
+    tracing::info!(target: "chronos::replication", "shard {}: repair of {} done", shard.base.id, names.join(", "));
 }
 
 /// Scan the store in slices and send each timer to the peers `select`
@@ -109,15 +110,19 @@ async fn send_selected(shard: &Rc<Shard>, select: impl Fn(&Timer) -> u64) -> u64
     let (mut from, mut queued) = (Some(0usize), 0u64);
     while let Some(start) = from {
         candidates.clear();
-        from = shard.store.borrow().scan_slice(start, SLICE, |_, _, t| {
-            let targets = select(t);
-            if targets != 0 {
-                candidates.push((t.unique, targets));
-            }
-        });
+        from = shard
+            .timers
+            .store
+            .borrow()
+            .scan_slice(start, SLICE, |_, _, t| {
+                let targets = select(t);
+                if targets != 0 {
+                    candidates.push((t.unique, targets));
+                }
+            });
         for &(unique, targets) in &candidates {
             if room
-                .wait(&shard.gate, &shard.replicator, targets)
+                .wait(&shard.base.gate, &shard.outbound.replicator, targets)
                 .await
                 .is_err()
             {

@@ -62,7 +62,7 @@ impl Shard {
             // resync calls this twice per applied timer, mostly for no one).
             return;
         }
-        let sites = self.resolved.sites.names(head.sites);
+        let sites = self.base.resolved.sites.names(head.sites);
         let body = body_of(head, callback, tags, replicas, &sites, cluster.view_id);
         self.send_body(head.id, &body, targets);
     }
@@ -73,7 +73,7 @@ impl Shard {
         while rest != 0 {
             let peer = rest.trailing_zeros() as usize;
             rest &= rest - 1;
-            self.replicator.send(peer, id, body);
+            self.outbound.replicator.send(peer, id, body);
         }
     }
 
@@ -90,16 +90,23 @@ impl Shard {
         if !self.sends_to_sites(head) {
             return;
         }
-        let names = self.resolved.sites.names(head.sites);
-        let body = body_of(head, callback, tags, &[], &names, self.cluster().view_id);
+        let names = self.base.resolved.sites.names(head.sites);
+        let body = body_of(
+            head,
+            callback,
+            tags,
+            &[],
+            &names,
+            self.timers.cluster().view_id,
+        );
         for slot in Sites::remote_in(head.sites) {
-            self.sites_out.send(slot - 1, head.id, &body);
+            self.outbound.sites_out.send(slot - 1, head.id, &body);
         }
     }
 
     /// Whether [`Shard::send_to_sites`] sends `head` anywhere.
     pub(super) fn sends_to_sites(&self, head: &TimerHead) -> bool {
-        self.resolved.sites.replicating() && head.sites != SITES_NONE
+        self.base.resolved.sites.replicating() && head.sites != SITES_NONE
     }
 
     /// Send the replication message for a client operation to `targets`
@@ -118,7 +125,7 @@ impl Shard {
         if targets == 0 && !sites {
             return;
         }
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = spec.tags.len().min(TAGS_MAX);
@@ -162,11 +169,11 @@ impl Shard {
         let Some(pl) = self.send_pop(popped) else {
             return;
         };
-        let mut store = self.store.borrow_mut();
+        let mut store = self.timers.store.borrow_mut();
         let Some((_, t)) = store.get(unique) else {
             return;
         };
-        let view = self.view();
+        let view = self.timers.view();
         let placed = t.view == view
             && t.bloom == pl.bloom
             && pl.my_index == Some(t.replica_index())
@@ -174,14 +181,16 @@ impl Shard {
         if placed || t.is_tombstone() {
             return;
         }
-        let mut timer = store.remove(unique).expect("just found");
+        let mut timer = store
+            .remove(unique, self.durable.log())
+            .expect("just found");
         timer.view = view;
         timer.bloom = pl.bloom;
         timer.set_replication_factor(pl.count as u8);
         let due_ms = match pl.my_index {
             Some(index) => {
                 timer.set_replica_index(index);
-                timer.next_pop_ms(self.skew_ms())
+                timer.next_pop_ms(self.base.skew_ms())
             }
             None => {
                 // No longer a replica: a tombstone of the current view, so
@@ -191,7 +200,7 @@ impl Shard {
                 clock::now_ms() + self.tombstone_life_ms(&timer)
             }
         };
-        store.insert(due_ms, timer);
+        store.insert(due_ms, timer, self.durable.log());
         self.pop.wake_if_before(due_ms);
         self.refresh_gauges(&store);
     }
@@ -199,7 +208,7 @@ impl Shard {
     /// The replication half of [`Shard::replicate_pop`]: the placement
     /// under the current view, or `None` if the timer has moved on.
     fn send_pop(&self, popped: &Timer) -> Option<Placement> {
-        let store = self.store.borrow();
+        let store = self.timers.store.borrow();
         let (_, stored) = store.get(popped.unique)?;
         if stored.version != popped.version || stored.sequence < popped.sequence {
             return None;
@@ -214,8 +223,8 @@ impl Shard {
         let t = if own { stored } else { popped };
         let unique = t.unique;
         let pl = self.placement(unique, t.factor_requested() as usize);
-        let targets = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
-        let cluster = self.cluster();
+        let targets = self.without_me(pl.mask() | self.timers.cluster().bloom_matches(t.bloom));
+        let cluster = self.timers.cluster();
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = store.tag_pairs(t, &mut tags);
@@ -232,7 +241,7 @@ impl Shard {
             );
         }
         // Other sites: sites no longer known dropped, new ones appended.
-        head.sites = self.resolved.sites.refreshed(head.sites);
+        head.sites = self.base.resolved.sites.refreshed(head.sites);
         self.send_to_sites(&head, callback, &tags[..tag_count]);
         Some(pl)
     }

@@ -93,14 +93,21 @@ pub(super) async fn run(shard: Rc<Shard>, recent: Vec<(u64, u64)>) {
     let (mut nodes, mut sites) = (Room::new(Who::Resend), Room::new(Who::Resend));
     let (mut resent, mut pacer) = (0u64, bulk::Pacer::new());
     for (unique, version) in recent {
-        if shard.gate.is_closing() {
+        if shard.base.gate.is_closing() {
             break;
         }
         let Some((targets, site_slots)) = shard.resend_targets(unique, version) else {
             continue;
         };
-        let room = match nodes.wait(&shard.gate, &shard.replicator, targets).await {
-            Ok(()) => sites.wait(&shard.gate, &shard.sites_out, site_slots).await,
+        let room = match nodes
+            .wait(&shard.base.gate, &shard.outbound.replicator, targets)
+            .await
+        {
+            Ok(()) => {
+                sites
+                    .wait(&shard.base.gate, &shard.outbound.sites_out, site_slots)
+                    .await
+            }
             stop => stop,
         };
         if room.is_err() {
@@ -108,11 +115,11 @@ pub(super) async fn run(shard: Rc<Shard>, recent: Vec<(u64, u64)>) {
         }
         pacer.restart();
         let queued = shard.resend(unique, version);
-        ShardStats::add(&shard.my_stats().replication_resent, queued);
+        ShardStats::add(&shard.base.my_stats().replication_resent, queued);
         resent += queued;
         pacer.tick().await;
     }
-    tracing::info!(target: "chronos::replication", "shard {}: re-sent {resent} replication messages for the changes logged before the start", shard.id);
+    tracing::info!(target: "chronos::replication", "shard {}: re-sent {resent} replication messages for the changes logged before the start", shard.base.id);
 }
 
 impl Shard {
@@ -120,10 +127,10 @@ impl Shard {
     /// can still be delivered (`replication-deliver-within-ms` plus
     /// `replication-timeout-ms`; the sites' when longer and replicating).
     pub fn replication_late_ms_max(&self) -> u64 {
-        let c = &self.resolved.config.cluster;
+        let c = &self.base.resolved.config.cluster;
         let mut late_ms_max = c.replication_deliver_within_ms + c.replication_timeout_ms;
-        if self.resolved.sites.replicating() {
-            let st = &self.resolved.config.sites;
+        if self.base.resolved.sites.replicating() {
+            let st = &self.base.resolved.config.sites;
             late_ms_max = late_ms_max.max(st.site_deliver_within_ms + st.site_timeout_ms);
         }
         late_ms_max
@@ -133,7 +140,7 @@ impl Shard {
     /// nodes) and the other sites (a mask over the site slots), or `None`
     /// when it is gone or changed since `version` was logged.
     fn resend_targets(&self, unique: u64, version: u64) -> Option<(u64, u64)> {
-        let store = self.store.borrow();
+        let store = self.timers.store.borrow();
         let (_, t) = store.get(unique)?;
         if t.version != version {
             return None;
@@ -146,7 +153,7 @@ impl Shard {
     pub(super) fn resend_targets_of(&self, t: &crate::timer::Timer) -> Option<(u64, u64)> {
         // A copy logged under a view since replaced (a reload while down)
         // is not sent: placing it under the new view is the resync's.
-        if t.view != self.view() {
+        if t.view != self.timers.view() {
             return None;
         }
         if t.sequence != 0 {
@@ -160,7 +167,7 @@ impl Shard {
         if t.is_tombstone() && pl.my_index.is_none() {
             return None;
         }
-        let peers = self.without_me(pl.mask() | self.cluster().bloom_matches(t.bloom));
+        let peers = self.without_me(pl.mask() | self.timers.cluster().bloom_matches(t.bloom));
         let head = t.head();
         let mut sites = 0u64;
         if head.site_index == 0 && self.sends_to_sites(&head) {
@@ -194,18 +201,18 @@ impl Shard {
     /// in `targets` and the sites in `site_slots`. Returns the messages
     /// queued.
     pub(super) fn resend_to(&self, unique: u64, targets: u64, site_slots: u64) -> u64 {
-        let store = self.store.borrow();
+        let store = self.timers.store.borrow();
         let Some((_, t)) = store.get(unique) else {
             return 0;
         };
-        let cluster = self.cluster();
+        let cluster = self.timers.cluster();
         let pl = self.placement(unique, self.resend_factor(t) as usize);
         let (names, n) = pl.names(&cluster);
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = store.tag_pairs(t, &mut tags);
         let head = t.head();
         let callback = (t.uri(), t.opaque());
-        let sites = self.resolved.sites.names(head.sites);
+        let sites = self.base.resolved.sites.names(head.sites);
         let tags = &tags[..tag_count];
         let mut body = body_of(&head, callback, tags, &names[..n], &sites, cluster.view_id);
         body.only_newer = true;
@@ -217,7 +224,7 @@ impl Shard {
         while rest != 0 {
             let slot = rest.trailing_zeros() as usize;
             rest &= rest - 1;
-            self.sites_out.send(slot, head.id, &body);
+            self.outbound.sites_out.send(slot, head.id, &body);
         }
         (targets.count_ones() + site_slots.count_ones()) as u64
     }

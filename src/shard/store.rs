@@ -6,6 +6,9 @@
 //! incrementally ([`Index`]): a plain table rehashes every entry when it
 //! doubles, which at 2 M timers stalls the shard for ~0.1 s (pops late);
 //! here each insert moves a bounded number of entries instead.
+//!
+//! It holds no log: `insert`, `remove` and `log_current` take the shard's
+//! (`Durable` is its one owner), `None` without `[storage]`.
 
 use crate::runtime::clock;
 use crate::storage::record::Image;
@@ -39,10 +42,6 @@ pub struct Store {
     /// Informational timers (seed 003), at most one per ID, outside the
     /// wheel; at most `INFORMATIONAL_MAX`.
     info: HashMap<u64, Timer>,
-    /// The timer log (`[storage]`): every `insert` and `remove` appends
-    /// the change; the pop loop's own moves use the `_unlogged` forms and
-    /// log the outcome once the pop's callback has ended ([`Store::log_current`]).
-    log: Option<Rc<Log>>,
 }
 
 impl Store {
@@ -56,24 +55,12 @@ impl Store {
             tag_values: Vec::new(),
             tombstones: 0,
             info: HashMap::new(),
-            log: None,
         }
     }
 
-    /// Log every change from now on.
-    pub fn set_log(&mut self, log: Rc<Log>) {
-        assert!(self.log.is_none(), "one log per store");
-        self.log = Some(log);
-    }
-
-    /// Whether changes are logged.
-    pub fn logged(&self) -> bool {
-        self.log.is_some()
-    }
-
     /// Append a PUT of `timer`, due at `due_ms` (engine time).
-    fn log_put(&self, due_ms: u64, timer: &Timer) {
-        if let Some(log) = &self.log {
+    fn log_put(&self, log: Option<&Rc<Log>>, due_ms: u64, timer: &Timer) {
+        if let Some(log) = log {
             let image = image_of(due_ms, timer);
             let mut pairs = [("", 0u32); TAGS_MAX];
             let n = self.tag_pairs(timer, &mut pairs);
@@ -85,13 +72,15 @@ impl Store {
     }
 
     /// Log the stored state of `unique` as it is now: its incarnation, or
-    /// its removal (a pop's outcome, once its callback has ended).
-    pub fn log_current(&self, unique: u64) {
-        let Some(log) = &self.log else {
+    /// its removal (a pop's outcome, once its callback has ended: the pop
+    /// loop's own moves use the `_unlogged` forms, and the log keeps the
+    /// pre-pop state until then).
+    pub fn log_current(&self, unique: u64, log: Option<&Rc<Log>>) {
+        let Some(log) = log else {
             return;
         };
         match self.get(unique) {
-            Some((due, t)) => self.log_put(due, t),
+            Some((due, t)) => self.log_put(Some(log), due, t),
             None => {
                 // As in `log_put`.
                 let _ = log.remove(unique);
@@ -176,9 +165,10 @@ impl Store {
     }
 
     /// Store a timer; its ID must not be stored already (one incarnation
-    /// per ID: replace with `remove` first). Logged.
-    pub fn insert(&mut self, due_ms: u64, timer: Timer) {
-        self.log_put(due_ms, &timer);
+    /// per ID: replace with `remove` first). Logged in `log` (the shard's
+    /// `Durable` owns it; `None` without `[storage]`).
+    pub fn insert(&mut self, due_ms: u64, timer: Timer, log: Option<&Rc<Log>>) {
+        self.log_put(log, due_ms, &timer);
         self.insert_unlogged(due_ms, timer);
     }
 
@@ -199,10 +189,10 @@ impl Store {
         );
     }
 
-    /// Take a timer out. Logged.
-    pub fn remove(&mut self, unique: u64) -> Option<Timer> {
+    /// Take a timer out. Logged in `log`, as `insert` is.
+    pub fn remove(&mut self, unique: u64, log: Option<&Rc<Log>>) -> Option<Timer> {
         let timer = self.remove_unlogged(unique)?;
-        if let Some(log) = &self.log {
+        if let Some(log) = log {
             // As in `log_put`.
             let _ = log.remove(unique);
         }
@@ -510,12 +500,12 @@ mod tests {
     fn index_follows_the_wheel() {
         let mut s = Store::new(0, 1, 0, 0);
         for u in 0..1000u64 {
-            s.insert(u % 50 + 1, timer(u * 7919));
+            s.insert(u % 50 + 1, timer(u * 7919), None);
         }
         assert!(s.get(7919).is_some());
-        assert!(s.remove(7919).is_some());
+        assert!(s.remove(7919, None).is_some());
         assert!(s.get(7919).is_none());
-        assert!(s.remove(7919).is_none());
+        assert!(s.remove(7919, None).is_none());
         let mut out = Vec::new();
         s.poll(25, usize::MAX, &mut out);
         assert!(out.iter().all(|(due, _)| *due <= 25));
@@ -537,8 +527,8 @@ mod tests {
     fn get_at_checks_the_slot_still_holds_the_timer() {
         let mut s = Store::new(0, 1, 0, 0);
         let mut slabs = std::collections::HashMap::new();
-        s.insert(5, timer(1));
-        s.insert(6, timer(2));
+        s.insert(5, timer(1), None);
+        s.insert(6, timer(2), None);
         s.scan_slice(0, 10, |slab, _, t| {
             slabs.insert(t.unique, slab);
         });
@@ -546,19 +536,19 @@ mod tests {
         assert_ne!(slab1, slab2);
         assert_eq!(s.get_at(slab1, 1).map(|(d, t)| (d, t.unique)), Some((5, 1)));
         // Gone: its slot is free, then holds another timer.
-        s.remove(1);
+        s.remove(1, None);
         assert!(s.get_at(slab1, 1).is_none());
-        s.insert(7, timer(3));
+        s.insert(7, timer(3), None);
         assert!(s.get(3).is_some());
         assert!(s.get_at(slab1, 1).is_none(), "the slot holds timer 3 now");
         // Stored again, in another slot: found by ID.
-        s.insert(8, timer(1));
+        s.insert(8, timer(1), None);
         let (due, t) = s.get_at(slab1, 1).expect("stored again");
         assert_eq!((due, t.unique), (8, 1));
         // Replaced in place of another: timer 2's slot reused by timer 1.
-        s.remove(2);
-        s.remove(1);
-        s.insert(9, timer(1));
+        s.remove(2, None);
+        s.remove(1, None);
+        s.insert(9, timer(1), None);
         assert_eq!(s.get_at(slab2, 1).map(|(d, _)| d), Some(9));
         assert!(s.get_at(slab2, 2).is_none(), "timer 2 is gone");
         // An index past the slab, or none (an informational timer).
@@ -579,7 +569,7 @@ mod tests {
             } else {
                 "http://odd.test/"
             };
-            s.insert(u, Timer::new(head(u), uri, "o", &[]));
+            s.insert(u, Timer::new(head(u), uri, "o", &[]), None);
         }
         assert_eq!(interned_count(), before + 2, "one entry per distinct URI");
         let mut out = Vec::new();
@@ -595,7 +585,7 @@ mod tests {
             before + 1,
             "only the last timer's URI is left"
         );
-        let last = s.remove(100).expect("stored");
+        let last = s.remove(100, None).expect("stored");
         assert_eq!((last.uri(), last.opaque()), ("http://even.test/", "o"));
         drop(last);
         assert_eq!(interned_count(), before);
@@ -604,7 +594,7 @@ mod tests {
     #[test]
     fn informational_timers_are_one_per_id_outside_the_wheel() {
         let mut s = Store::new(0, 1, 0, 0);
-        s.insert(5, timer(1));
+        s.insert(5, timer(1), None);
         assert!(s.keep_info(timer(1)));
         assert!(s.keep_info(timer(1)), "a second copy replaces the first");
         assert_eq!((s.info_len(), s.len()), (1, 1), "outside the wheel");
@@ -619,13 +609,13 @@ mod tests {
     fn tags_count_live_timers() {
         let mut s = Store::new(0, 1, 0, 0);
         let t = tagged(&mut s, 1, "CALL", 3);
-        s.insert(5, t);
+        s.insert(5, t, None);
         let t = tagged(&mut s, 2, "CALL", 1);
-        s.insert(50, t);
-        s.insert(60, timer(3).to_tombstone());
+        s.insert(50, t, None);
+        s.insert(60, timer(3).to_tombstone(), None);
         assert_eq!(s.tombstones(), 1);
         assert_eq!(s.tag_values(), vec![("CALL".to_string(), 4)]);
-        s.remove(2);
+        s.remove(2, None);
         assert_eq!(s.tag_values(), vec![("CALL".to_string(), 3)]);
         let mut out = Vec::new();
         s.poll(10, usize::MAX, &mut out);
@@ -653,7 +643,7 @@ mod tests {
         for unique in 1..=60_000u64 {
             let migrating = s.index.cursor < s.index.end;
             let due = now + 1 + next() % 5000;
-            s.insert(due, timer(unique));
+            s.insert(due, timer(unique), None);
             model.insert(unique, due);
             if !migrating && s.index.cursor < s.index.end {
                 growths += 1;
@@ -663,7 +653,10 @@ mod tests {
             match next() % 8 {
                 0 => {
                     let victim = 1 + next() % unique;
-                    assert_eq!(s.remove(victim).is_some(), model.remove(&victim).is_some());
+                    assert_eq!(
+                        s.remove(victim, None).is_some(),
+                        model.remove(&victim).is_some()
+                    );
                 }
                 1 => {
                     now += 1;
