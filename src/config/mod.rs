@@ -79,7 +79,7 @@ pub struct Resolved {
     pub config: Config,
     pub shards: usize,
     /// The cluster at start. A reload (SIGHUP) replaces each shard's copy
-    /// (`Shard::cluster`), not this one.
+    /// (`Timers::cluster` in `shard/timers.rs`), not this one.
     pub cluster: Cluster,
     pub instance_id: u16,
     /// `[sites]` resolved (restart to change).

@@ -3,7 +3,7 @@
 //!
 //! While a node is down its peers keep every replication message they
 //! owe it (a create, an update, a delete, a pop), queued in memory until
-//! it answers (`cluster/replicate.rs`; beyond a queue's bound, a repair:
+//! it answers (`cluster/replicate/`; beyond a queue's bound, a repair:
 //! `shard/repair.rs`). A node restarted from its log holds the timers as
 //! they stood when it stopped: one deleted meanwhile would pop here before
 //! the delete arrives. So after every shard has replayed its log, shard 0
