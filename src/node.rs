@@ -454,6 +454,14 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
         MeshMsg::StartResync { all_views, reply } => {
             let _ = reply.send(Reply::ResyncRun(shard.resync.trigger.request(all_views)));
         }
+        MeshMsg::Create { spec, reply } => {
+            // A create waits for its log write and a replica: its own task.
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                let _ = reply.send(Reply::Created(shard.create_settled(&spec).await));
+            })
+            .detach();
+        }
         MeshMsg::Tags { reply } => {
             let _ = reply.send(Reply::Tags(shard.timers.store.borrow().tag_values()));
         }

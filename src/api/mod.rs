@@ -280,7 +280,7 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
                 if let Err((status, reason)) = guard_admits(shard, s).await {
                     return error(out, status, &reason, close);
                 }
-                let result = create_durable(shard, s).await;
+                let result = shard.create_anywhere(s).await;
                 api.admission.record_latency_since(started);
                 timer_result(out, result, close)
             }
@@ -327,15 +327,6 @@ async fn guard_admits(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<(), (u16
 
 /// Why a `POST` with an empty callback got `400`.
 const POST_NEEDS_CALLBACK: &str = "callback must contain an \"http\" object with a uri: a POST creates a timer (an empty callback is a replication tombstone, sent by PUT)";
-
-/// `POST /timers` with `[storage]`: answered once the timer is durable.
-async fn create_durable(shard: &Shard, s: &spec::TimerSpec<'_>) -> Result<TimerId, OpError> {
-    shard.storage_admits_growth()?;
-    let (id, ticket) = shard.create(s)?;
-    shard.settle().await?;
-    shard.replica_acked(id, ticket).await?;
-    Ok(id)
-}
 
 /// `/timers/<id>`: `PUT` (a client's, or a replication body naming
 /// `replicas`) and `DELETE`. `route`: set to the replication routes for

@@ -20,6 +20,12 @@ pub enum MeshMsg {
     Tags {
         reply: SharedSender<Reply>,
     },
+    /// A client's `POST` that found its own shard full: create it here,
+    /// with an ID this shard owns (`shard/spill.rs`).
+    Create {
+        spec: Box<TimerSpec<'static>>,
+        reply: SharedSender<Reply>,
+    },
     /// Resync GET: this shard's matching timers.
     Resync {
         query: Query,
@@ -47,6 +53,8 @@ pub enum MeshMsg {
 pub enum Reply {
     /// The factor the copy stored before asked for (see `Shard::apply`).
     Applied(Result<u8, OpError>),
+    /// The ID a spilled create got, or why it failed.
+    Created(Result<crate::timer::TimerId, OpError>),
     Tags(Vec<(String, i64)>),
     Resync(ShardPage),
     Marked(usize),

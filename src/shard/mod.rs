@@ -26,6 +26,7 @@
 //! | `targets.rs` | callback admission per target: in-flight shares, held pops promoted as the target's callbacks end |
 //! | `resync/` | the part `Resync` (sessions, trigger); resync, both sides: serving GET pages and DELETE references; requesting: page every node, apply seed 003's rules |
 //! | `mesh.rs` | the messages shards exchange |
+//! | `spill.rs` | a client's create, whole; and on a shard with room when this one is full (a node is full only when every shard is) |
 //! | `durable.rs` | the part `Durable` (the log, its flusher); `[storage]`: recovery into the store, durability waits, compaction |
 
 pub mod base;
@@ -42,6 +43,7 @@ mod replication;
 mod resend;
 pub mod resync;
 mod room;
+mod spill;
 mod store;
 mod targets;
 pub mod timers;
@@ -53,6 +55,7 @@ pub use ops::TOMBSTONE_MS_DEFAULT;
 pub use outbound::authorization;
 pub use pop::{pop_loop, PopState, POPS_PER_TURN_MAX};
 pub use repair::{repair_loop, resend_deletes};
+pub use spill::SHARD_FULL;
 pub use store::Store;
 
 use crate::cluster::Cluster;

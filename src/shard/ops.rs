@@ -468,10 +468,7 @@ impl Shard {
                 return Ok(old.factor_requested);
             }
         } else if store.len() >= self.base.resolved.config.timers.timers_per_shard_max {
-            return Err(OpError::new(
-                503,
-                "timer capacity of this shard is exhausted",
-            ));
+            return Err(OpError::new(503, super::spill::SHARD_FULL));
         }
         // Applied: a callback of another incarnation still waiting for its
         // lane is withdrawn (a delete or an update came after its pop).

@@ -226,7 +226,7 @@ counters! {
     http_errors: "HTTP requests answered with a 4xx or 5xx status.",
     connections_rejected: "Connections refused with 503 at the connection bound.",
     tls_handshakes_failed: "TLS handshakes on the listener that failed or did not finish within header-timeout-ms.",
-    mesh_forwarded: "Requests forwarded to the owning shard over the cross-core mesh.",
+    mesh_forwarded: "Requests forwarded to another shard over the cross-core mesh: to the timer's owning shard, or a POST to a shard with room (its own was full).",
     replication_enqueued: "Replication messages queued for a peer.",
     replication_sent: "Replication messages a peer answered with 2xx.",
     replication_failed: "Replication messages given up: refused with a 4xx, or (to another site, or a peer that left the cluster) not delivered within the deliver-within bound. To a member nothing is given up.",
