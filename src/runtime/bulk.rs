@@ -313,10 +313,13 @@ pub async fn parse_array_fast<'a, T: serde::Deserialize<'a>>(
     while text.get(at) != Some(&b']') || !out.is_empty() {
         pacer.tick().await;
         if let Some((value, used)) = fast(&text[at..]) {
-            assert!(
-                used > 0 && at + used <= text.len(),
-                "an element in the text"
-            );
+            // The reader's contract (one whole element, never past the
+            // text); a page comes from a peer, so a broken contract is the
+            // page's error, not a crash (the resync_page fuzz target holds
+            // the reader to it).
+            if used == 0 || at + used > text.len() {
+                return Err("the entry reader did not take one element of the text".into());
+            }
             out.push(value);
             at = skip(at + used);
         } else {
@@ -370,10 +373,11 @@ pub async fn split_array<'a>(
     if s.depth != 0 || s.in_string {
         return Err("truncated JSON");
     }
-    assert!(
-        open < close && close < text.len(),
-        "the array lies in the text"
-    );
+    // The splitter found both brackets inside the text, in order: its
+    // own invariant, yet the text is a peer's, so an error, not a crash.
+    if !(open < close && close < text.len()) {
+        return Err("the array's brackets are not in order");
+    }
     let mut rest = Vec::with_capacity(open + 1 + text.len() - close);
     rest.extend_from_slice(&text[..=open]);
     rest.extend_from_slice(&text[close..]);
