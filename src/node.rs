@@ -454,6 +454,9 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
         MeshMsg::StartResync { all_views, reply } => {
             let _ = reply.send(Reply::ResyncRun(shard.resync.trigger.request(all_views)));
         }
+        MeshMsg::LookUp { unique, reply } => {
+            let _ = reply.send(Reply::Found(shard.look_up_here(unique)));
+        }
         MeshMsg::Create { spec, reply } => {
             // A create waits for its log write and a replica: its own task.
             let shard = shard.clone();

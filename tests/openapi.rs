@@ -20,6 +20,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/timers"),
     ("GET", "/timers"),
     ("DELETE", "/timers/references"),
+    ("GET", "/timers/{id}"),
     ("PUT", "/timers/{id}"),
     ("DELETE", "/timers/{id}"),
     ("GET", "/cluster"),
@@ -149,8 +150,11 @@ fn a_live_node_answers_every_documented_operation_and_nothing_else() {
     let doc_routes = documented(&doc);
     for (method, path) in &doc_routes {
         let r = send(&node, method, &concrete(path), "");
+        // A route that looked the timer up and found none answers `404 no
+        // such timer`; the router's own `404` (no route) says `not found`.
+        let unrouted = r.status == 404 && !r.text().starts_with("no such timer");
         assert!(
-            r.status != 404 && r.status != 405,
+            !unrouted && r.status != 405,
             "{method} {path} is documented but answered {} {}",
             r.status,
             r.text()

@@ -5,7 +5,7 @@
 //! |-----------------------|-------------------|
 //! | `/timers`             | `POST`; `GET` (resync, seed 000's internal API) |
 //! | `/timers/references`  | `DELETE` (resync) |
-//! | `/timers/<32 hex>`    | `PUT`, `DELETE`   |
+//! | `/timers/<32 hex>`    | `GET` (the timer, from any node), `PUT`, `DELETE` |
 //! | `/cluster`            | `GET`: the node's view and resync state |
 //! | `/resync`             | `POST`: start a resync (`chronos resync`) |
 //! | `/handoff`            | `GET`: what this node still owes a peer's replication (internal) |
@@ -24,6 +24,7 @@
 
 pub mod admission;
 mod cluster;
+pub mod lookup;
 
 use crate::http::server::Handler;
 use crate::http::{uri, write_response, Method, Request};
@@ -55,6 +56,8 @@ pub struct Api {
     /// Refused internal and admin requests ([`Refused`]): when one was
     /// last logged, and how many were refused since without a line.
     refused_log: [LogLimit; 2],
+    /// The client of `GET /timers/<id>` on a node without a copy.
+    lookups: lookup::Lookups,
 }
 
 impl Api {
@@ -66,6 +69,7 @@ impl Api {
             admission: admission::Admission::new(throttle),
             ready,
             refused_log: Default::default(),
+            lookups: lookup::Lookups::default(),
         }
     }
 }
@@ -109,6 +113,9 @@ fn route_of(req: &Request<'_>) -> usize {
         (Method::Get, "/metrics") => const { route_index("metrics") },
         (Method::Get, "/openapi.json") => const { route_index("openapi") },
         (Method::Put, path) if path.starts_with("/timers/") => const { route_index("timers_put") },
+        (Method::Get, path) if path.starts_with("/timers/") && path != "/timers/references" => {
+            const { route_index("timers_get") }
+        }
         (Method::Delete, path) if path.starts_with("/timers/") => {
             const { route_index("timers_delete") }
         }
@@ -395,7 +402,8 @@ async fn timer(
                 Err(e) => error(out, e.status, &e.reason, close),
             }
         }
-        _ => not_allowed(out, "PUT, DELETE", close),
+        Method::Get => lookup::timer_get(&api.lookups, shard, id, req, out, close).await,
+        _ => not_allowed(out, "GET, PUT, DELETE", close),
     }
 }
 

@@ -61,6 +61,9 @@ pub struct Request<'b> {
     pub range: Option<&'b [u8]>,
     /// The `Authorization` header, if any (the internal API's secret).
     pub authorization: Option<&'b [u8]>,
+    /// An `X-Chronos-Local-Only` header was sent: a `GET /timers/<id>`
+    /// from another node, answered from this node's own copy only.
+    pub local_only: bool,
     /// The connection's peer address, when the server knows it (set by
     /// the server, not by the parser).
     pub peer: Option<std::net::IpAddr>,
@@ -129,6 +132,7 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
         h.range,
         h.authorization,
     );
+    let local_only = h.local_only;
     let body_len = content_length.unwrap_or(0);
     if body_len > body_bytes_max {
         return err(413, "request body too large");
@@ -154,6 +158,7 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
             keep_alive,
             range,
             authorization,
+            local_only,
             peer: None,
             peer_certified: false,
         },
@@ -168,6 +173,7 @@ struct HeadFacts<'b> {
     expect_continue: bool,
     range: Option<&'b [u8]>,
     authorization: Option<&'b [u8]>,
+    local_only: bool,
 }
 
 fn read_headers<'b>(
@@ -181,6 +187,7 @@ fn read_headers<'b>(
         expect_continue: false,
         range: None,
         authorization: None,
+        local_only: false,
     };
     for header in headers {
         let (name, value) = (header.name, header.value);
@@ -215,6 +222,8 @@ fn read_headers<'b>(
             h.range = Some(value);
         } else if name_is(name.as_bytes(), b"authorization") {
             h.authorization = Some(value);
+        } else if name_is(name.as_bytes(), b"x-chronos-local-only") {
+            h.local_only = true;
         }
     }
     Ok(h)

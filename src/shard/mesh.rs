@@ -20,6 +20,11 @@ pub enum MeshMsg {
     Tags {
         reply: SharedSender<Reply>,
     },
+    /// `GET /timers/<id>`: this shard's copy of `unique`, rendered.
+    LookUp {
+        unique: u64,
+        reply: SharedSender<Reply>,
+    },
     /// A client's `POST` that found its own shard full: create it here,
     /// with an ID this shard owns (`shard/spill.rs`).
     Create {
@@ -49,10 +54,22 @@ pub enum MeshMsg {
     },
 }
 
+/// What this node holds of a timer (`GET /timers/<id>`, `lookup.rs`).
+pub enum Found {
+    /// A live copy, as the JSON answer.
+    Live(String),
+    /// A tombstone: the timer was deleted (or moved to other replicas).
+    Deleted,
+    /// No copy at all.
+    Absent,
+}
+
 /// The owner's answer.
 pub enum Reply {
     /// The factor the copy stored before asked for (see `Shard::apply`).
     Applied(Result<u8, OpError>),
+    /// A copy looked up (`shard/lookup.rs`).
+    Found(Found),
     /// The ID a spilled create got, or why it failed.
     Created(Result<crate::timer::TimerId, OpError>),
     Tags(Vec<(String, i64)>),

@@ -26,6 +26,7 @@
 //! | `targets.rs` | callback admission per target: in-flight shares, held pops promoted as the target's callbacks end |
 //! | `resync/` | the part `Resync` (sessions, trigger); resync, both sides: serving GET pages and DELETE references; requesting: page every node, apply seed 003's rules |
 //! | `mesh.rs` | the messages shards exchange |
+//! | `lookup.rs` | `GET /timers/<id>`: a copy read on its owner shard and rendered as a client would write it, with its next pop, pops done, replicas and sites |
 //! | `spill.rs` | a client's create, whole; and on a shard with room when this one is full (a node is full only when every shard is) |
 //! | `durable.rs` | the part `Durable` (the log, its flusher); `[storage]`: recovery into the store, durability waits, compaction |
 
@@ -34,6 +35,7 @@ pub mod conflict;
 pub mod durable;
 mod error;
 pub mod handoff;
+pub mod lookup;
 pub mod mesh;
 mod ops;
 pub mod outbound;

@@ -68,8 +68,9 @@ pub const REPLICATION_LAG_BOUNDS_US: [u64; 15] = [
 /// The `route` label of `chronos_http_request_duration_seconds`: a fixed
 /// set (the API's routes by method; everything else, 404s and 405s
 /// included, is `other`), so the series stay bounded.
-pub const ROUTES: [&str; 15] = [
+pub const ROUTES: [&str; 16] = [
     "timers_post",
+    "timers_get",
     "timers_put",
     "timers_delete",
     "resync_get",

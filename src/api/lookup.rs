@@ -1,0 +1,123 @@
+//! `GET /timers/<id>` (issue 42): the timer from this node's copy, or,
+//! where this node holds none, from a node the ID names.
+//!
+//! A node without a copy asks the others that may hold one
+//! (`Shard::look_up_peers`: the nodes the ID names and its replicas under
+//! this view and the one before), in turn, with [`LOCAL_ONLY`] set so that
+//! they answer from their own store and never ask further: the first `200`
+//! is the answer. So does a node whose copy is a tombstone: a delete
+//! leaves one, and so does an update that moved the timer to other
+//! replicas. `404` when no node asked holds a live copy; `503` when none
+//! of them could answer.
+//!
+//! Bounds: at most one request in flight per look-up, each within the
+//! cluster's `replication-timeout-ms`; at most as many as the nodes that
+//! may hold a copy (the replication factor, and the view before's).
+
+use super::{error, json};
+use crate::http::client::{Client, ClientConfig};
+use crate::http::{tls, Request};
+use crate::shard::lookup::Found;
+use crate::shard::Shard;
+use crate::timer::TimerId;
+use std::cell::OnceCell;
+use std::time::Duration;
+
+/// The header that asks a node for its own copy only (what a node sends
+/// the others when it holds none).
+pub const LOCAL_ONLY: &str = "X-Chronos-Local-Only";
+
+/// The client a shard's look-ups ask other nodes with, made on first use.
+#[derive(Default)]
+pub struct Lookups {
+    client: OnceCell<Client>,
+}
+
+impl Lookups {
+    fn client(&self, shard: &Shard) -> &Client {
+        self.client.get_or_init(|| {
+            let timeout =
+                Duration::from_millis(shard.base.resolved.config.cluster.replication_timeout_ms);
+            Client::new(ClientConfig {
+                timeout,
+                connect_timeout: timeout.min(Duration::from_secs(1)),
+                per_host_max: 4,
+            })
+            .with_peer_tls(shard.base.resolved.peer_tls.as_ref().map(tls::for_shard))
+        })
+    }
+}
+
+/// Answer `GET /timers/<id>` into `out`.
+pub async fn timer_get(
+    lookups: &Lookups,
+    shard: &Shard,
+    id: TimerId,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+    close: bool,
+) -> u16 {
+    match shard.look_up(id).await {
+        Found::Live(body) => json(out, 200, &body, close),
+        Found::Deleted | Found::Absent if req.local_only => {
+            error(out, 404, "no such timer on this node", close)
+        }
+        // A tombstone here may be a delete, or the mark a move to other
+        // replicas left (an update under a new view): they are asked too.
+        Found::Deleted | Found::Absent => match ask_others(lookups, shard, id).await {
+            Ok(Some(body)) => json(out, 200, &body, close),
+            Ok(None) => error(out, 404, "no such timer", close),
+            Err(reason) => error(out, 503, &reason, close),
+        },
+    }
+}
+
+/// Ask the other nodes that may hold `id`, in turn: `Ok(Some)` the first
+/// copy, `Ok(None)` none has one, `Err` none of them answered.
+async fn ask_others(
+    lookups: &Lookups,
+    shard: &Shard,
+    id: TimerId,
+) -> Result<Option<String>, String> {
+    let peers = shard.look_up_peers(id);
+    if peers.is_empty() {
+        return Ok(None);
+    }
+    let mut headers: Vec<(&str, &[u8])> = vec![(LOCAL_ONLY, b"1")];
+    if let Some(value) = crate::shard::authorization(&shard.base.resolved) {
+        headers.push(("Authorization", value.as_bytes()));
+    }
+    let path = format!("/timers/{}", id.to_hex_string());
+    let client = lookups.client(shard);
+    let (mut answered, mut failures) = (false, Vec::new());
+    for node in &peers {
+        let host = node.socket.ip().to_string();
+        let asked = client
+            .request(
+                &host,
+                node.socket.port(),
+                &node.address,
+                "GET",
+                &path,
+                &headers,
+                b"",
+                true,
+            )
+            .await;
+        match asked {
+            Ok(r) if r.status == 200 => {
+                return Ok(Some(String::from_utf8_lossy(&r.body).into_owned()));
+            }
+            Ok(r) if r.status == 404 => answered = true,
+            Ok(r) => failures.push(format!("{}: {}", node.address, r.status)),
+            Err(e) => failures.push(format!("{}: {e}", node.address)),
+        }
+    }
+    match answered {
+        true => Ok(None),
+        false => Err(format!(
+            "no node that may hold this timer answered: {}",
+            failures.join("; ")
+        )),
+    }
+}

@@ -1,0 +1,129 @@
+//! `GET /timers/<id>` (issue 42): a timer as a client would write it
+//! (`timing`, `callback`, `reliability`, `statistics`), with what only
+//! the node knows beside it: its next pop (`next-pop`: `at` in RFC 3339,
+//! `unix-ms`, the `sequence` its `X-Sequence-Number` will carry, or
+//! `null` once no pop is left), the pops done, its replicas under the
+//! current view and its sites.
+//!
+//! The copy is read on its owner shard (over the mesh from any other)
+//! and rendered there; a node that holds none asks the nodes the ID names
+//! (`api/lookup.rs`). The body is not a replication body: it names no
+//! `reliability.replicas`, so a client may `PUT` it back as it is.
+
+pub use super::mesh::Found;
+use super::mesh::{MeshMsg, Reply};
+use super::store::Store;
+use super::Shard;
+use crate::cluster::Node;
+use crate::runtime::clock;
+use crate::timer::spec::TAGS_MAX;
+use crate::timer::{shard_of, Timer, TimerId};
+use serde_json::{json, Value};
+
+impl Shard {
+    /// The timer `id` as this node holds it, read on its owner shard.
+    pub async fn look_up(&self, id: TimerId) -> Found {
+        let owner = shard_of(id.unique, self.base.shards);
+        if owner == self.base.id {
+            return self.look_up_here(id.unique);
+        }
+        let unique = id.unique;
+        let asked = self
+            .base
+            .mesh
+            .ask(owner, |reply| MeshMsg::LookUp { unique, reply });
+        match asked.await {
+            Some(Reply::Found(found)) => found,
+            _ => Found::Absent,
+        }
+    }
+
+    /// The timer `unique` in this shard's store (its owner's).
+    pub fn look_up_here(&self, unique: u64) -> Found {
+        let store = self.timers.store.borrow();
+        match store.get(unique) {
+            None => Found::Absent,
+            Some((_, t)) if t.is_tombstone() => Found::Deleted,
+            Some((_, t)) => Found::Live(self.describe(&store, t).to_string()),
+        }
+    }
+
+    /// The other nodes that may hold a copy of `id`: the ones its ID
+    /// names, and its replicas under this view and the one before.
+    pub fn look_up_peers(&self, id: TimerId) -> Vec<Node> {
+        let cluster = self.timers.cluster();
+        let mask = self.without_me(self.holders(id, 0));
+        cluster
+            .all_nodes()
+            .enumerate()
+            .filter(|(i, _)| *i < 64 && mask & (1u64 << i) != 0)
+            .map(|(_, n)| n.clone())
+            .collect()
+    }
+
+    /// The answer's JSON for the live copy `t`.
+    fn describe(&self, store: &Store, t: &Timer) -> Value {
+        let mut tags = [("", 0u32); TAGS_MAX];
+        let n = store.tag_pairs(t, &mut tags);
+        let tag_info: Vec<Value> = tags[..n]
+            .iter()
+            .map(|(name, count)| json!({"type": name, "count": count}))
+            .collect();
+        let factor = t.factor_requested().max(t.replication_factor()).max(1);
+        let cluster = self.timers.cluster();
+        let replicas: Vec<&str> = self
+            .placement(t.unique, factor as usize)
+            .members()
+            .iter()
+            .map(|&r| cluster.node_at(r).address.as_str())
+            .collect();
+        let sites: Vec<&str> = self.base.resolved.sites.names(t.sites).to_vec();
+        json!({
+            "id": t.id().to_hex_string(),
+            "timing": {"interval": seconds(t.interval_ms), "repeat-for": seconds(t.repeat_for_ms)},
+            "callback": {"http": {"uri": t.uri(), "opaque": t.opaque()}},
+            "reliability": {"replication-factor": factor},
+            "statistics": {"tag-info": tag_info},
+            "next-pop": next_pop(t),
+            "pops-done": t.sequence,
+            "replicas": replicas,
+            "sites": sites,
+        })
+    }
+}
+
+/// `next-pop`: when the timer's next pop is due on its first replica (the
+/// others follow a skew each), or `null` when none is left.
+fn next_pop(t: &Timer) -> Value {
+    if !t.has_next_pop() {
+        return Value::Null;
+    }
+    let due_ms = t.start_ms + (t.sequence as u64 + 1) * t.interval_ms as u64;
+    let unix_ms = clock::engine_to_unix(due_ms);
+    let at = jiff::Timestamp::from_millisecond(unix_ms as i64)
+        .map(|ts| ts.to_string())
+        .unwrap_or_default();
+    json!({"at": at, "unix-ms": unix_ms, "sequence": t.sequence + 1})
+}
+
+/// A duration in ms as the codec's seconds: whole seconds as an integer,
+/// others with their fraction (`1500` is `1.5`).
+fn seconds(ms: u32) -> Value {
+    match ms % 1000 {
+        0 => json!(ms / 1000),
+        _ => json!(ms as f64 / 1000.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_back_as_the_codec_wrote_them() {
+        assert_eq!(seconds(0), json!(0));
+        assert_eq!(seconds(3000), json!(3));
+        assert_eq!(seconds(1500), json!(1.5));
+        assert_eq!(seconds(1), json!(0.001));
+    }
+}
