@@ -24,7 +24,10 @@ pub use crate::timer::NODES_MAX;
 /// Instance IDs a cluster's members derive (7 bits: the reference's
 /// `[identity] instance_id` range).
 pub const MEMBER_INSTANCES: usize = 128;
-const _: () = assert!(NODES_MAX <= MEMBER_INSTANCES);
+const _: () = assert!(
+    NODES_MAX <= MEMBER_INSTANCES,
+    "a member's instance fits the ID's bits"
+);
 
 /// Where a member's instance ID search starts: a hash of its address.
 fn home_instance(address: &str) -> usize {

@@ -16,7 +16,10 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 /// timer's packed list, and `SITES_END` marks its end).
 pub const SITES_MAX: usize = 7;
 // Every remote site has a slot in the per-site counters.
-const _: () = assert!(SITES_MAX - 1 <= crate::stats::SITE_SLOTS);
+const _: () = assert!(
+    SITES_MAX - 1 <= crate::stats::SITE_SLOTS,
+    "a stats slot per remote site"
+);
 
 /// The end of a packed site list.
 const SITES_END: u32 = 0xF;

@@ -92,7 +92,10 @@ impl Config {
             Some(sites) => sites,
             None => self.sites.resolve(self.http.bind_port)?,
         };
-        assert!(shards >= 1 && shards <= available_cores);
+        assert!(
+            shards >= 1 && shards <= available_cores,
+            "the checks keep shards within the cores"
+        );
         Ok(Resolved {
             config: self,
             shards,

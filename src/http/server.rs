@@ -134,7 +134,10 @@ impl<H: Handler> Server<H> {
         shard: usize,
     ) -> Rc<Server<H>> {
         assert!(shard < stats.len(), "shard {shard} has no stats");
-        assert!(limits.connections_max > 0);
+        assert!(
+            limits.connections_max > 0,
+            "the configuration's checks keep a connection bound"
+        );
         Rc::new(Server {
             handler,
             limits,
@@ -226,7 +229,10 @@ impl<H: Handler> Server<H> {
                     per.remove(&ip);
                 }
             }
-            assert!(server.connections.get() > 0);
+            assert!(
+                server.connections.get() > 0,
+                "a connection ends only once counted"
+            );
             server.connections.set(server.connections.get() - 1);
             server
                 .my_stats()
@@ -379,7 +385,10 @@ impl Input {
                 .max(self.end + READ_CHUNK);
             self.buf.resize(grown, 0);
         }
-        assert!(self.start <= self.end && self.end < self.buf.len());
+        assert!(
+            self.start <= self.end && self.end < self.buf.len(),
+            "the unread span lies in the buffer"
+        );
         true
     }
 }

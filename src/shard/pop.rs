@@ -298,7 +298,10 @@ pub async fn pop_loop(shard: Rc<Shard>) {
         let limit = POPS_PER_TURN_MAX.min(room);
         let now = clock::now_ms();
         let fired = shard.timers.store.borrow_mut().poll(now, limit, &mut due);
-        assert!(fired <= limit && due.len() == fired);
+        assert!(
+            fired <= limit && due.len() == fired,
+            "the wheel's poll keeps to its limit and hands every timer it fired"
+        );
         if fired > 0 {
             take_due(&shard, now, &mut due);
         }

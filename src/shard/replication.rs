@@ -56,7 +56,7 @@ impl Shard {
             !replicas.is_empty() || callback.0.is_empty(),
             "a live timer has replicas"
         );
-        assert!(tags.len() <= TAGS_MAX);
+        assert!(tags.len() <= TAGS_MAX, "the codec keeps to TAGS_MAX");
         if targets == 0 {
             // Nothing to queue: no site list, no body, no clock read (a
             // resync calls this twice per applied timer, mostly for no one).

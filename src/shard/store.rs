@@ -182,7 +182,11 @@ impl Store {
         self.tombstones += timer.is_tombstone() as usize;
         let key = self.wheel.insert(due_ms, timer);
         self.index.insert(&self.wheel, unique, key.index());
-        assert_eq!(self.wheel.len(), len_before + 1);
+        assert_eq!(
+            self.wheel.len(),
+            len_before + 1,
+            "an insert of a new ID adds one entry"
+        );
         assert!(
             self.tombstones <= self.wheel.len(),
             "tombstones are stored timers"
@@ -282,7 +286,10 @@ impl Store {
             index.remove(timer.unique, key.index());
             out.push((due, timer));
         });
-        assert!(fired <= limit && fired <= out.len());
+        assert!(
+            fired <= limit && fired <= out.len(),
+            "the poll keeps to its limit and hands every timer it fired"
+        );
         let start = out.len() - fired;
         for (due, timer) in &out[start..] {
             assert!(*due <= now_ms, "never early");

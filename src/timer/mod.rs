@@ -127,8 +127,14 @@ pub struct Timer {
     inline: [u8; INLINE_OPAQUE_BYTES],
 }
 
-const _: () = assert!(std::mem::size_of::<Timer>() == 96);
-const _: () = assert!(std::mem::size_of::<Option<Timer>>() == 96);
+const _: () = assert!(
+    std::mem::size_of::<Timer>() == 96,
+    "a timer record is 96 bytes"
+);
+const _: () = assert!(
+    std::mem::size_of::<Option<Timer>>() == 96,
+    "an empty slot costs no more than a timer"
+);
 
 impl Timer {
     /// A new timer record. `uri.len()` must fit `u16`, `tags.len()` `u8`

@@ -560,7 +560,7 @@ fn parse_tags(stats: RawStatistics<'_>) -> Result<Vec<(Cow<'_, str>, u32)>, Stri
         };
         tags.push((kind, count));
     }
-    assert!(tags.len() <= TAGS_MAX);
+    assert!(tags.len() <= TAGS_MAX, "the codec keeps to TAGS_MAX");
     Ok(tags)
 }
 

@@ -66,7 +66,11 @@ pub fn encode_body_patchable(out: &mut Vec<u8>, b: &Body<'_>) -> usize {
 
 /// Write `delta_ms` over the `DELTA_WIDTH` bytes of a patchable field.
 pub fn write_delta(field: &mut [u8], delta_ms: i64) {
-    assert_eq!(field.len(), DELTA_WIDTH);
+    assert_eq!(
+        field.len(),
+        DELTA_WIDTH,
+        "the delta field keeps its fixed width"
+    );
     let mut text = [b' '; DELTA_WIDTH];
     let mut cursor = std::io::Cursor::new(&mut text[..]);
     write!(cursor, "{delta_ms}").expect("an i64 fits 20 bytes");

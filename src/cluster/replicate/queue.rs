@@ -224,7 +224,10 @@ impl Replicator {
         set_queued(self.stats(), p, p.queued.get() + 1);
         p.queued_total.set(p.queued_total.get() + 1);
         p.queued_bytes.set(p.queued_bytes.get() + added);
-        assert!(p.queued.get() <= self.config.queue_max);
+        assert!(
+            p.queued.get() <= self.config.queue_max,
+            "the queue keeps to its bound in messages"
+        );
         if !p.running.get() && self.start_sender(p) {
             p.running.set(true);
         }
@@ -286,7 +289,7 @@ impl Replicator {
             ..message
         });
         let added = out.len() - before;
-        assert!(seg.count() <= BATCH_MAX);
+        assert!(seg.count() <= BATCH_MAX, "a batch keeps to its bound");
         added
     }
 }

@@ -47,7 +47,7 @@ impl Segment {
 
     /// Where request `i` starts in `bytes`.
     pub(super) fn start_of(&self, i: usize) -> usize {
-        assert!(i < self.count());
+        assert!(i < self.count(), "an index within the segment");
         if i == 0 {
             0
         } else {
@@ -62,7 +62,7 @@ impl Segment {
 
     /// Drop the first `n` requests (the oldest).
     pub(super) fn drop_front(&mut self, n: usize) {
-        assert!(n <= self.count());
+        assert!(n <= self.count(), "takes no more than the segment holds");
         if n == 0 {
             return;
         }

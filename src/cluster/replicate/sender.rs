@@ -105,7 +105,10 @@ impl Sender {
                 peer,
                 peer.queued.get() - seg.count(),
             );
-            assert!(peer.queued_bytes.get() >= seg.bytes.len());
+            assert!(
+                peer.queued_bytes.get() >= seg.bytes.len(),
+                "the queue's byte count covers what it holds"
+            );
             peer.queued_bytes
                 .set(peer.queued_bytes.get() - seg.bytes.len());
             self.give_up_expired(&mut seg);

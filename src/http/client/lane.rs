@@ -46,9 +46,12 @@ enum Turn<'p> {
 /// batch limit; each marked taken. A job no longer `wanted` is withdrawn
 /// instead, and its caller told so.
 fn take_jobs(pool: &HostPool, own: &Rc<Job>, wanted: &Option<Wanted>, batch: &mut Vec<Rc<Job>>) {
-    assert!(batch.is_empty());
+    assert!(batch.is_empty(), "a lane's batch starts empty");
     let limit = pool.batch_limit.get();
-    assert!((1..=LANE_BATCH_MAX).contains(&limit));
+    assert!(
+        (1..=LANE_BATCH_MAX).contains(&limit),
+        "a lane batch of 1 to LANE_BATCH_MAX"
+    );
     let take = |job: &Rc<Job>, batch: &mut Vec<Rc<Job>>| {
         if job.withdrawn.get() || job.taken.get() {
             return;

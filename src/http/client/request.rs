@@ -176,7 +176,7 @@ impl Client {
         };
         let result = future::or(work, expire).await;
         self.give_batch_buffer(received);
-        assert!(statuses.len() <= count);
+        assert!(statuses.len() <= count, "at most a status per request sent");
         result
     }
 
@@ -262,6 +262,6 @@ async fn exchange_batch(
             return Err(Exchange::Failed("peer closed mid-batch".into()));
         }
     }
-    assert_eq!(statuses.len(), count);
+    assert_eq!(statuses.len(), count, "a status per request sent");
     Ok(keep && recv.pending().is_empty())
 }

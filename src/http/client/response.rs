@@ -187,7 +187,7 @@ pub fn frame_response(buf: &[u8]) -> Result<Option<(u16, Vec<u8>, usize)>, Strin
             decoded
         }
     };
-    assert!(pos <= buf.len());
+    assert!(pos <= buf.len(), "the parse position stays in the buffer");
     Ok(Some((head.status, body, pos)))
 }
 

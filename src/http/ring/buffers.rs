@@ -51,7 +51,7 @@ impl BufRing {
 
     /// Write buffer `bid` at the tail (visible to the kernel at `publish`).
     pub(super) fn give_back(&self, bid: u16) {
-        assert!(bid < BUFS_COUNT);
+        assert!(bid < BUFS_COUNT, "a buffer ID of the ring");
         let tail = self.tail.get();
         let slot = usize::from(tail & (BUFS_COUNT - 1));
         // SAFETY: `slot < BUFS_COUNT`, inside the mapping; the kernel reads
@@ -76,7 +76,10 @@ impl BufRing {
     }
 
     pub(super) fn buffer(&self, bid: u16, len: usize) -> &[u8] {
-        assert!(bid < BUFS_COUNT && len <= BUF_BYTES);
+        assert!(
+            bid < BUFS_COUNT && len <= BUF_BYTES,
+            "a buffer ID of the ring, within its size"
+        );
         // SAFETY: in bounds; the kernel finished writing this buffer when it
         // posted the CQE and will not touch it until it is given back.
         unsafe { std::slice::from_raw_parts(self.memory.add(usize::from(bid) * BUF_BYTES), len) }

@@ -189,7 +189,10 @@ impl NetRing {
         connections_max: usize,
         in_bytes_high: usize,
     ) -> io::Result<Rc<NetRing>> {
-        assert!(connections_max > 0 && connections_max < (1 << 31));
+        assert!(
+            connections_max > 0 && connections_max < (1 << 31),
+            "the connection bound fits the ring's user data"
+        );
         let uring = build_ring()?;
         let bufs = BufRing::new()?;
         // SAFETY: the entry ring stays mapped for the ring's lifetime (it is
@@ -274,7 +277,10 @@ impl NetRing {
 
     /// Close the socket and free the slot (no operation may be in flight).
     fn release(&self, conn: &ConnShared) {
-        assert!(!conn.ops_inflight());
+        assert!(
+            !conn.ops_inflight(),
+            "a connection is freed only with no operation in flight"
+        );
         let mut slots = self.slots.borrow_mut();
         let slot = &mut slots[conn.index as usize];
         if slot.conn.is_none() || slot.gen != conn.gen {

@@ -11,7 +11,10 @@ impl NetRing {
     /// be in flight for it).
     #[inline]
     pub(super) fn flush_output(&self, conn: &ConnShared) {
-        debug_assert!(!conn.send_inflight.get());
+        debug_assert!(
+            !conn.send_inflight.get(),
+            "one send in flight per connection"
+        );
         let more = {
             let mut out = conn.out.borrow_mut();
             let mut sending = conn.sending.borrow_mut();

@@ -114,7 +114,10 @@ pub fn parse_query(
         Some(other) => return Err((400, format!("all-views {other:?} is not true or false"))),
     };
     let limit = parse_range(range)?;
-    assert!((1..=RANGE_MAX).contains(&limit) && index < cluster.nodes.len());
+    assert!(
+        (1..=RANGE_MAX).contains(&limit) && index < cluster.nodes.len(),
+        "the query's checks bound the page and name a member"
+    );
     Ok(Query {
         node: index,
         from_ms,

@@ -195,7 +195,7 @@ pub fn merge_pages(
     parts: Vec<ShardPage>,
     limit: usize,
 ) -> (Vec<(Cursor, Vec<u8>)>, Option<Cursor>) {
-    assert!(limit >= 1);
+    assert!(limit >= 1, "a page takes at least one timer");
     let bound = parts.iter().filter_map(|p| p.looked_to).min();
     let mut all: Vec<(Cursor, Vec<u8>)> = parts
         .into_iter()
@@ -222,7 +222,10 @@ pub fn merge_pages(
         (false, Some(b)) => Some(b),
         (false, None) => None,
     };
-    assert!(all.len() <= limit && all.windows(2).all(|w| w[0].0 < w[1].0));
+    assert!(
+        all.len() <= limit && all.windows(2).all(|w| w[0].0 < w[1].0),
+        "a page within its bound, in ID order, without repeats"
+    );
     (all, next)
 }
 
