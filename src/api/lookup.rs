@@ -18,6 +18,7 @@ use super::{error, json};
 use crate::http::client::{Client, ClientConfig};
 use crate::http::{tls, Request};
 use crate::shard::lookup::Found;
+use crate::shard::outbound::get_from_peer;
 use crate::shard::Shard;
 use crate::timer::TimerId;
 use std::cell::OnceCell;
@@ -83,27 +84,13 @@ async fn ask_others(
     if peers.is_empty() {
         return Ok(None);
     }
-    let mut headers: Vec<(&str, &[u8])> = vec![(LOCAL_ONLY, b"1")];
-    if let Some(value) = crate::shard::authorization(&shard.base.resolved) {
-        headers.push(("Authorization", value.as_bytes()));
-    }
+    let local_only: [(&str, &[u8]); 1] = [(LOCAL_ONLY, b"1")];
     let path = format!("/timers/{}", id.to_hex_string());
     let client = lookups.client(shard);
     let (mut answered, mut failures) = (false, Vec::new());
     for node in &peers {
-        let host = node.socket.ip().to_string();
-        let asked = client
-            .request(
-                &host,
-                node.socket.port(),
-                &node.address,
-                "GET",
-                &path,
-                &headers,
-                b"",
-                true,
-            )
-            .await;
+        let resolved = &shard.base.resolved;
+        let asked = get_from_peer(client, resolved, node, &path, &local_only).await;
         match asked {
             Ok(r) if r.status == 200 => {
                 return Ok(Some(String::from_utf8_lossy(&r.body).into_owned()));

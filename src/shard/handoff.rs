@@ -203,29 +203,14 @@ async fn ask_until_settled(
     me: &str,
     deadline: Instant,
 ) -> bool {
-    let mut headers: Vec<(&str, &[u8])> = Vec::new();
-    if let Some(value) = super::authorization(&shard.base.resolved) {
-        headers.push(("Authorization", value.as_bytes()));
-    }
-    let host = node.socket.ip().to_string();
     while Instant::now() < deadline && !shard.base.gate.is_closing() {
         let left_ms = deadline
             .saturating_duration_since(Instant::now())
             .as_millis() as u64;
         let wait_ms = left_ms.min(HANDOFF_WAIT_MS_MAX);
         let path = format!("/handoff?node={}&wait-ms={wait_ms}", encode(me));
-        let answer = client
-            .request(
-                &host,
-                node.socket.port(),
-                &node.address,
-                "GET",
-                &path,
-                &headers,
-                b"",
-                true,
-            )
-            .await;
+        let answer =
+            super::outbound::get_from_peer(client, &shard.base.resolved, node, &path, &[]).await;
         match answer {
             Ok(r) if r.status == 200 && settled(&r.body) => return true,
             Ok(r) if r.status == 200 => continue,

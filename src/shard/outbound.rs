@@ -98,6 +98,28 @@ pub fn authorization(resolved: &Resolved) -> Option<&'static str> {
     VALUE.get_or_init(|| secret.map(|s| s.bearer())).as_deref()
 }
 
+/// `GET path` of another node of this cluster with `client`, carrying the
+/// shared secret (if any) and `extra` headers: the hand-off's and the
+/// look-up's one question to a peer.
+pub async fn get_from_peer(
+    client: &Client,
+    resolved: &Resolved,
+    node: &crate::cluster::Node,
+    path: &str,
+    extra: &[(&str, &[u8])],
+) -> Result<crate::http::client::Response, String> {
+    let mut headers: Vec<(&str, &[u8])> = extra.to_vec();
+    if let Some(value) = authorization(resolved) {
+        headers.push(("Authorization", value.as_bytes()));
+    }
+    let host = node.socket.ip().to_string();
+    let port = node.socket.port();
+    let address = &node.address;
+    client
+        .request(&host, port, address, "GET", path, &headers, b"", true)
+        .await
+}
+
 /// A shard's replicator to the remote sites (GR): a queue per site, with
 /// the sites' own timeout.
 fn sites_replicator(
