@@ -28,6 +28,20 @@ use std::time::Duration;
 /// the others when it holds none).
 pub const LOCAL_ONLY: &str = "X-Chronos-Local-Only";
 
+/// The `404` reason of a node whose own copy is a tombstone, asked with
+/// [`LOCAL_ONLY`].
+const DELETED_HERE: &str = "no such timer: a tombstone on this node";
+
+/// What the other nodes that may hold a timer said.
+pub enum Elsewhere {
+    /// One holds a live copy: its answer.
+    Live(String),
+    /// None holds a live copy; one holds a tombstone.
+    Deleted,
+    /// None holds a copy at all.
+    Absent,
+}
+
 /// The client a shard's look-ups ask other nodes with, made on first use.
 #[derive(Default)]
 pub struct Lookups {
@@ -60,49 +74,54 @@ pub async fn timer_get(
 ) -> u16 {
     match shard.look_up(id).await {
         Found::Live(body) => json(out, 200, &body, close),
-        Found::Deleted | Found::Absent if req.local_only => {
-            error(out, 404, "no such timer on this node", close)
-        }
+        Found::Deleted if req.local_only => error(out, 404, DELETED_HERE, close),
+        Found::Absent if req.local_only => error(out, 404, "no such timer on this node", close),
         // A tombstone here may be a delete, or the mark a move to other
         // replicas left (an update under a new view): they are asked too.
         Found::Deleted | Found::Absent => match ask_others(lookups, shard, id).await {
-            Ok(Some(body)) => json(out, 200, &body, close),
-            Ok(None) => error(out, 404, "no such timer", close),
+            Ok(Elsewhere::Live(body)) => json(out, 200, &body, close),
+            Ok(_) => error(out, 404, "no such timer", close),
             Err(reason) => error(out, 503, &reason, close),
         },
     }
 }
 
-/// Ask the other nodes that may hold `id`, in turn: `Ok(Some)` the first
-/// copy, `Ok(None)` none has one, `Err` none of them answered.
-async fn ask_others(
+/// Ask the other nodes that may hold `id`, in turn: the first live copy,
+/// or whether any holds a tombstone; `Err` none of them answered.
+pub async fn ask_others(
     lookups: &Lookups,
     shard: &Shard,
     id: TimerId,
-) -> Result<Option<String>, String> {
+) -> Result<Elsewhere, String> {
     let peers = shard.look_up_peers(id);
     if peers.is_empty() {
-        return Ok(None);
+        return Ok(Elsewhere::Absent);
     }
     let local_only: [(&str, &[u8]); 1] = [(LOCAL_ONLY, b"1")];
     let path = format!("/timers/{}", id.to_hex_string());
     let client = lookups.client(shard);
-    let (mut answered, mut failures) = (false, Vec::new());
+    let (mut answered, mut deleted, mut failures) = (false, false, Vec::new());
     for node in &peers {
         let resolved = &shard.base.resolved;
         let asked = get_from_peer(client, resolved, node, &path, &local_only).await;
         match asked {
             Ok(r) if r.status == 200 => {
-                return Ok(Some(String::from_utf8_lossy(&r.body).into_owned()));
+                return Ok(Elsewhere::Live(
+                    String::from_utf8_lossy(&r.body).into_owned(),
+                ));
             }
-            Ok(r) if r.status == 404 => answered = true,
+            Ok(r) if r.status == 404 => {
+                answered = true;
+                deleted |= r.body.starts_with(DELETED_HERE.as_bytes());
+            }
             Ok(r) => failures.push(format!("{}: {}", node.address, r.status)),
             Err(e) => failures.push(format!("{}: {e}", node.address)),
         }
     }
-    match answered {
-        true => Ok(None),
-        false => Err(format!(
+    match (answered, deleted) {
+        (true, true) => Ok(Elsewhere::Deleted),
+        (true, false) => Ok(Elsewhere::Absent),
+        (false, _) => Err(format!(
             "no node that may hold this timer answered: {}",
             failures.join("; ")
         )),

@@ -3,7 +3,7 @@
 //!
 //! | path                  | methods           |
 //! |-----------------------|-------------------|
-//! | `/timers`             | `POST`; `GET` (resync, seed 000's internal API) |
+//! | `/timers`             | `POST` (with `Idempotency-Key`, safe to retry); `GET` (resync, seed 000's internal API) |
 //! | `/timers/references`  | `DELETE` (resync) |
 //! | `/timers/<32 hex>`    | `GET` (the timer, from any node), `PUT`, `DELETE` |
 //! | `/cluster`            | `GET`: the node's view and resync state |
@@ -24,6 +24,7 @@
 
 pub mod admission;
 mod cluster;
+mod idempotent;
 pub mod lookup;
 
 use crate::http::server::Handler;
@@ -287,7 +288,10 @@ async fn timers(api: &Api, req: &Request<'_>, out: &mut Vec<u8>, close: bool) ->
                 if let Err((status, reason)) = guard_admits(shard, s).await {
                     return error(out, status, &reason, close);
                 }
-                let result = shard.create_anywhere(s).await;
+                let result = match req.idempotency_key {
+                    Some(key) => idempotent::create(&api.lookups, shard, key, s).await,
+                    None => shard.create_anywhere(s).await,
+                };
                 api.admission.record_latency_since(started);
                 timer_result(out, result, close)
             }

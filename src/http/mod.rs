@@ -64,6 +64,9 @@ pub struct Request<'b> {
     /// An `X-Chronos-Local-Only` header was sent: a `GET /timers/<id>`
     /// from another node, answered from this node's own copy only.
     pub local_only: bool,
+    /// The `Idempotency-Key` header, if any (a `POST /timers` a client
+    /// may retry).
+    pub idempotency_key: Option<&'b [u8]>,
     /// The connection's peer address, when the server knows it (set by
     /// the server, not by the parser).
     pub peer: Option<std::net::IpAddr>,
@@ -132,7 +135,7 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
         h.range,
         h.authorization,
     );
-    let local_only = h.local_only;
+    let (local_only, idempotency_key) = (h.local_only, h.idempotency_key);
     let body_len = content_length.unwrap_or(0);
     if body_len > body_bytes_max {
         return err(413, "request body too large");
@@ -159,6 +162,7 @@ pub fn parse_request(buf: &[u8], header_bytes_max: usize, body_bytes_max: usize)
             range,
             authorization,
             local_only,
+            idempotency_key,
             peer: None,
             peer_certified: false,
         },
@@ -174,6 +178,7 @@ struct HeadFacts<'b> {
     range: Option<&'b [u8]>,
     authorization: Option<&'b [u8]>,
     local_only: bool,
+    idempotency_key: Option<&'b [u8]>,
 }
 
 fn read_headers<'b>(
@@ -188,6 +193,7 @@ fn read_headers<'b>(
         range: None,
         authorization: None,
         local_only: false,
+        idempotency_key: None,
     };
     for header in headers {
         let (name, value) = (header.name, header.value);
@@ -224,6 +230,8 @@ fn read_headers<'b>(
             h.authorization = Some(value);
         } else if name_is(name.as_bytes(), b"x-chronos-local-only") {
             h.local_only = true;
+        } else if name_is(name.as_bytes(), b"idempotency-key") {
+            h.idempotency_key = Some(value);
         }
     }
     Ok(h)

@@ -17,7 +17,7 @@ use super::Shard;
 use crate::cluster::Node;
 use crate::runtime::clock;
 use crate::timer::spec::TAGS_MAX;
-use crate::timer::{shard_of, Timer, TimerId};
+use crate::timer::{shard_of, Timer, TimerId, TimerSpec};
 use serde_json::{json, Value};
 
 impl Shard {
@@ -61,6 +61,35 @@ impl Shard {
             .collect()
     }
 
+    /// The client's fields (`timing`, `callback`, `reliability`,
+    /// `statistics`) of `spec` as [`Shard::describe`] writes a stored
+    /// copy's, tags in name order: what an `Idempotency-Key`'s second
+    /// request is compared by.
+    pub fn client_fields(&self, spec: &TimerSpec) -> Value {
+        let mut tags: Vec<(&str, u32)> = spec.tags.iter().map(|(n, c)| (n.as_ref(), *c)).collect();
+        tags.sort_unstable();
+        let tag_info: Vec<Value> = tags
+            .iter()
+            .map(|(name, count)| json!({"type": name, "count": count}))
+            .collect();
+        json!({
+            "timing": {"interval": seconds(spec.interval_ms), "repeat-for": seconds(spec.repeat_for_ms)},
+            "callback": {"http": {"uri": spec.uri, "opaque": spec.opaque}},
+            "reliability": {"replication-factor": self.factor_requested(spec).max(1)},
+            "statistics": {"tag-info": tag_info},
+        })
+    }
+
+    /// The ID a client's create or update of `unique` gets under the
+    /// current view (its filter names the replicas it is placed on).
+    pub fn placed_id(&self, unique: u64, spec: &TimerSpec) -> TimerId {
+        let pl = self.placement(unique, self.factor_requested(spec) as usize);
+        TimerId {
+            unique,
+            bloom: pl.bloom,
+        }
+    }
+
     /// The answer's JSON for the live copy `t`.
     fn describe(&self, store: &Store, t: &Timer) -> Value {
         let mut tags = [("", 0u32); TAGS_MAX];
@@ -91,6 +120,19 @@ impl Shard {
         })
     }
 }
+
+/// The timer ID's unique part for an `Idempotency-Key` (issue 42): the
+/// same on every node, so a retry through any node finds the timer the
+/// first request made. 64 bits of MurmurHash3 x86_128 of the key, never
+/// 0; a key shares its part with another key or a generated ID about once
+/// in 2^64.
+pub fn idempotent_unique(key: &[u8]) -> u64 {
+    let [h, _] = crate::murmur::murmur3_x86_128(key, IDEMPOTENCY_SEED);
+    h.max(1)
+}
+
+/// The hash seed of [`idempotent_unique`] ("idem").
+const IDEMPOTENCY_SEED: u32 = 0x6964_656d;
 
 /// `next-pop`: when the timer's next pop is due on its first replica (the
 /// others follow a skew each), or `null` when none is left.

@@ -26,7 +26,7 @@ const BODY_BYTES_BASE: usize = 512;
 impl Shard {
     /// The factor a client asked for (or the default). It is kept with
     /// the timer; placement caps it at the cluster size of the moment.
-    fn factor_requested(&self, spec: &TimerSpec) -> u8 {
+    pub(super) fn factor_requested(&self, spec: &TimerSpec) -> u8 {
         spec.replication_factor
             .unwrap_or(self.default_factor())
             .max(1)
