@@ -7,8 +7,10 @@
 //! they answer from their own store and never ask further: the first `200`
 //! is the answer. So does a node whose copy is a tombstone: a delete
 //! leaves one, and so does an update that moved the timer to other
-//! replicas. `404` when no node asked holds a live copy; `503` when none
-//! of them could answer.
+//! replicas. `404` when every node asked answered and none holds a live
+//! copy; `503` while this node replays its log, or when a node that may
+//! hold the timer did not answer (a copy is never taken as missing on a
+//! silence: an idempotent create would make it again).
 //!
 //! Bounds: at most one request in flight per look-up, each within the
 //! cluster's `replication-timeout-ms`; at most as many as the nodes that
@@ -31,6 +33,9 @@ pub const LOCAL_ONLY: &str = "X-Chronos-Local-Only";
 /// The `404` reason of a node whose own copy is a tombstone, asked with
 /// [`LOCAL_ONLY`].
 const DELETED_HERE: &str = "no such timer: a tombstone on this node";
+
+/// A look-up on a node still replaying its log: its store is not whole.
+pub const RECOVERING: &str = "recovering: the node is replaying its timer log; retry shortly";
 
 /// What the other nodes that may hold a timer said.
 pub enum Elsewhere {
@@ -72,6 +77,9 @@ pub async fn timer_get(
     out: &mut Vec<u8>,
     close: bool,
 ) -> u16 {
+    if shard.recovering() {
+        return error(out, 503, RECOVERING, close);
+    }
     match shard.look_up(id).await {
         Found::Live(body) => json(out, 200, &body, close),
         Found::Deleted if req.local_only => error(out, 404, DELETED_HERE, close),
@@ -118,11 +126,13 @@ pub async fn ask_others(
             Err(e) => failures.push(format!("{}: {e}", node.address)),
         }
     }
-    match (answered, deleted) {
-        (true, true) => Ok(Elsewhere::Deleted),
-        (true, false) => Ok(Elsewhere::Absent),
-        (false, _) => Err(format!(
-            "no node that may hold this timer answered: {}",
+    // No copy is known missing while a node that may hold one did not
+    // answer: an idempotent create would otherwise make it again.
+    match (deleted, failures.is_empty()) {
+        (true, _) => Ok(Elsewhere::Deleted),
+        (false, true) if answered => Ok(Elsewhere::Absent),
+        _ => Err(format!(
+            "a node that may hold this timer did not answer: {}",
             failures.join("; ")
         )),
     }

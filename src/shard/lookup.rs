@@ -67,7 +67,7 @@ impl Shard {
     /// request is compared by.
     pub fn client_fields(&self, spec: &TimerSpec) -> Value {
         let mut tags: Vec<(&str, u32)> = spec.tags.iter().map(|(n, c)| (n.as_ref(), *c)).collect();
-        tags.sort_unstable();
+        tags.sort_unstable(); // by name, then count: as the stored side is sorted
         let tag_info: Vec<Value> = tags
             .iter()
             .map(|(name, count)| json!({"type": name, "count": count}))

@@ -62,7 +62,9 @@ impl Shard {
             match reply {
                 Some(Reply::Created(Err(e))) if e.reason == SHARD_FULL => continue,
                 Some(Reply::Created(result)) => return result,
-                _ => continue,
+                // No answer (the mesh closed at shutdown): the target may
+                // have made the timer, so no other shard tries again.
+                _ => return Err(OpError::new(503, "the shard with room did not answer")),
             }
         }
         // None had room: this shard's own answer (a create whose replicas
