@@ -21,6 +21,22 @@ fn post_keyed(node: &Node, key: &str, body: &str) -> Response {
     )
 }
 
+/// Wait until a single node's one-shot timer is gone after its pop (it
+/// keeps no tombstone without peers).
+fn wait_gone(node: &Node) {
+    wait_until(
+        "the one-shot timer gone after its pop",
+        Duration::from_secs(10),
+        || {
+            let pending = node.metric("chronos_timers_pending");
+            match pending > 0.0 {
+                false => Ok(()),
+                true => Err(format!("{pending} pending")),
+            }
+        },
+    );
+}
+
 #[test]
 fn one_key_one_timer_and_another_body_is_422() {
     let node = Node::start("[runtime]\ncores = 2\n");
@@ -48,17 +64,7 @@ fn one_key_one_timer_and_another_body_is_422() {
     assert_eq!(node.metric("chronos_timers_pending"), 1.0, "one timer");
     let pops = sink.wait_for(1, Duration::from_secs(10));
     assert_eq!(pops[0].body, "first", "the first body, unchanged");
-    wait_until(
-        "the one-shot timer gone after its pop",
-        Duration::from_secs(10),
-        || {
-            let pending = node.metric("chronos_timers_pending");
-            match pending > 0.0 {
-                false => Ok(()),
-                true => Err(format!("{pending} pending")),
-            }
-        },
-    );
+    wait_gone(&node);
     assert_eq!(sink.pops().len(), 1, "it popped once");
 }
 
@@ -90,17 +96,7 @@ fn a_post_retried_after_its_connection_was_cut_creates_one_timer() {
         "still one timer"
     );
     sink.wait_for(1, Duration::from_secs(10));
-    wait_until(
-        "the one-shot timer gone after its pop",
-        Duration::from_secs(10),
-        || {
-            let pending = node.metric("chronos_timers_pending");
-            match pending > 0.0 {
-                false => Ok(()),
-                true => Err(format!("{pending} pending")),
-            }
-        },
-    );
+    wait_gone(&node);
     assert_eq!(sink.pops().len(), 1, "one pop");
 }
 
