@@ -286,14 +286,7 @@ fn seconds_ms(field: &str, v: &Value, max_ms: u32) -> Result<u32, String> {
     if !(secs > 0.0 && secs <= f64::from(max_ms) / 1000.0) {
         return Err(bad());
     }
-    let ms = secs * 1000.0;
-    let nearest = ms.round();
-    let ms = if (ms - nearest).abs() < 1e-6 {
-        nearest
-    } else {
-        ms.ceil()
-    };
-    let ms = (ms as u32).clamp(1, max_ms);
+    let ms = (super::spec::ms_of_seconds(secs) as u32).clamp(1, max_ms);
     Ok(ms)
 }
 

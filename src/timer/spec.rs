@@ -256,6 +256,19 @@ fn positive(v: &serde_json::Value) -> Option<u64> {
 /// The longest interval or repeat-for, in seconds: `u32::MAX` ms.
 const SECONDS_MAX: f64 = 4_294_967.295;
 
+/// Seconds as ms at millisecond resolution: 0.1 s is 100 ms despite binary
+/// floating point (within a millionth of a whole ms, it is that ms);
+/// anything finer rounds up, so a pop is never earlier than asked.
+pub fn ms_of_seconds(secs: f64) -> f64 {
+    let ms = secs * 1000.0;
+    let nearest = ms.round();
+    if (ms - nearest).abs() < 1e-6 {
+        nearest
+    } else {
+        ms.ceil()
+    }
+}
+
 /// Seconds (integer or fractional) to whole milliseconds, never rounding a
 /// value down below what was asked.
 fn seconds_to_ms(field: &str, value: &serde_json::Value) -> Result<u32, String> {
@@ -283,15 +296,7 @@ fn seconds_to_ms(field: &str, value: &serde_json::Value) -> Result<u32, String> 
             seconds(u32::MAX)
         ));
     }
-    let ms = secs * 1000.0;
-    let nearest = ms.round();
-    // Millisecond resolution: 0.1 s is 100 ms despite binary floating point;
-    // anything finer rounds up, so a pop is never earlier than asked.
-    let ms = if (ms - nearest).abs() < 1e-6 {
-        nearest
-    } else {
-        ms.ceil()
-    };
+    let ms = ms_of_seconds(secs);
     // A positive interval far below a millisecond (5e-324) is 1 ms, not 0:
     // 0 means "once, at once" and refuses a repeat-for.
     let ms = if secs > 0.0 { ms.max(1.0) } else { ms };
