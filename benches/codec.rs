@@ -89,6 +89,8 @@ fn json(c: &mut Criterion) {
         tags: &tags,
         start_time_unix_ms: None,
         only_newer: false,
+        ext: &[],
+        attempt: None,
     };
     let mut out = Vec::with_capacity(1024);
     encode_body(&mut out, &body);

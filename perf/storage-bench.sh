@@ -5,6 +5,10 @@
 #   defaults:              3        8              "16 128"          1000000
 #   PARTS="device post recovery" (any subset), RATE=5000 WINDOW_S=3 SNAP_AT=2
 #   TAG=-x (appended to the result names)
+#   SEGMENT_BYTES=n (the log's segment-bytes; default the node's: smaller
+#   segments rotate more often within a row)
+#   CHRONOS_BASELINE=/path/to/chronos (another build: adds batch-base and
+#   none-base rows, interleaved with the others)
 #   NICE=0 (e.g. -10: chronos, wrk and chronos-perf at that nice value, to
 #   shield them from other work on a shared machine)
 #
@@ -22,7 +26,7 @@
 #           "batch" and sync = "none", interleaved, at each connection
 #           count, a fresh node and directory per row, default
 #           compact-log-bytes (a snapshot in a row is counted, not
-#           avoided). Per row: req/s, wrk p50/p99, chronos CPU per request,
+#           avoided). Per row: req/s, wrk p50/p99/max, chronos CPU per request,
 #           and from /metrics: syncs, records per sync, log bytes per
 #           create, fdatasync latency (mean from _sum/_count; the
 #           histogram's first bucket is 1 ms, so only the share under 1, 2
@@ -56,6 +60,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}; SECS=${2:-8}; CONNS=${3:-"16 128"}; TIMERS=${4:-1000000}
 PARTS=${PARTS:-"device post recovery"}
 RATE=${RATE:-5000}; WINDOW_S=${WINDOW_S:-3}; SNAP_AT=${SNAP_AT:-2}; NICE=${NICE:-0}
+SEGMENT_BYTES=${SEGMENT_BYTES:-}
 CHRONOS_CPU=1; LOAD_CPU=0
 . perf/lib.sh
 data_root="$(mktemp -d /var/tmp/chronos-storage-bench.XXXXXX)"
@@ -76,14 +81,15 @@ config() { # $1 = file, $2 = memory|batch|none, $3 = data dir, $4 = compact-log-
   printf '[http]\nbind-address = "127.0.0.1"\n[runtime]\ncores = 1\n' >"$1"
   if [ "$2" != memory ]; then
     printf '[storage]\npath = "%s"\nsync = "%s"\ncompact-log-bytes = %s\n' "$3" "$2" "$4" >>"$1"
+    [ -z "$SEGMENT_BYTES" ] || printf 'segment-bytes = %s\n' "$SEGMENT_BYTES" >>"$1"
   fi
 }
 
 # Start one chronos on CHRONOS_CPU on a fresh port; t0 = its start (ns).
-start_chronos() { # $1 = config, $2 = log
+start_chronos() { # $1 = config, $2 = log, [$3 = chronos binary]
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
   t0=$(date +%s%N)
-  nice -n "$NICE" taskset -c "$CHRONOS_CPU" "$bin/chronos" --config "$1" --bind-port "$port" 2>"$2" &
+  nice -n "$NICE" taskset -c "$CHRONOS_CPU" "${3:-$bin/chronos}" --config "$1" --bind-port "$port" 2>"$2" &
   pids+=($!)
 }
 
@@ -150,11 +156,12 @@ PY
 }
 
 # ---- post ----
-post_row() { # $1 = memory|batch|none, $2 = connections, $3 = round
-  local dir="$data_root/post-$1" log="$work/post-$1-$2-$3.log" out m0 m1 k0 k1
+post_row() { # $1 = memory|batch|none[-base], $2 = connections, $3 = round
+  local dir="$data_root/post-$1" log="$work/post-$1-$2-$3.log" out m0 m1 k0 k1 exe="$bin/chronos"
+  case $1 in *-base) exe="$CHRONOS_BASELINE" ;; esac
   rm -rf "$dir"
-  config "$work/post.toml" "$1" "$dir" $((64 << 20))
-  start_chronos "$work/post.toml" "$log"
+  config "$work/post.toml" "${1%-base}" "$dir" $((64 << 20))
+  start_chronos "$work/post.toml" "$log" "$exe"
   wait_ready "$log" >/dev/null
   local pid="${pids[-1]}"
   m0="$(metrics)"; k0=$(ticks "$pid")
@@ -166,6 +173,7 @@ post_row() { # $1 = memory|batch|none, $2 = connections, $3 = round
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(awk '$1=="50%" {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+  local max; max=$(awk '$1=="Latency" {print $4; exit}' <<<"$out")
   reqs=$(awk '/requests in/ {print $1}' <<<"$out")
   bad=$(awk '/Non-2xx/ {print $NF}' <<<"$out"); bad=${bad:-0}
   local f
@@ -181,13 +189,14 @@ post_row() { # $1 = memory|batch|none, $2 = connections, $3 = round
   cpu=$(awk -v t=$((k1 - k0)) -v hz="$(getconf CLK_TCK)" -v n="$reqs" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')
   printf 'post\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "$3" "$1" "$2" "$rps" "$bad" "$p50" "$p99" "$cpu" >>"$rows"
   printf '\t%s' "${vals[@]}" >>"$rows"
-  printf '\n' >>"$rows"
+  printf '\t%s\n' "$max" >>"$rows"
   python3 - "$(tail -n 1 "$rows")" <<'PY'
 import sys
 r = sys.argv[1].split("\t")
 _, rnd, mode, conns, rps, bad, p50, p99, cpu = r[:9]
 created, records, syncs, byts, ssum, scount, le1, le2, le5, snaps = map(float, r[9:19])
-line = f"r{rnd} {mode:6} c{conns:>3}: {float(rps):9.0f} req/s  non-2xx {bad}  p50 {p50:>8}  p99 {p99:>8}  cpu {cpu} us/req"
+lmax = r[19] if len(r) > 19 else "?"
+line = f"r{rnd} {mode:10} c{conns:>3}: {float(rps):9.0f} req/s  non-2xx {bad}  p50 {p50:>8}  p99 {p99:>8}  max {lmax:>8}  cpu {cpu} us/req"
 if syncs:
     line += (f"  | syncs {syncs:.0f}, {records / syncs:.1f} records/sync, {byts / max(created, 1):.0f} B/create,"
              f" fdatasync mean {ssum / scount * 1e3:.3f} ms, <=1 ms {le1 / scount:.1%}, <=2 ms {le2 / scount:.1%},"
@@ -197,17 +206,17 @@ PY
 }
 
 post() {
-  local r c m
+  local r c m i
+  local modes=(memory batch none)
+  [ -z "${CHRONOS_BASELINE:-}" ] || modes+=(batch-base none-base)
   for r in $(seq 1 "$ROUNDS"); do
     echo "r$r post: load average $(cut -d' ' -f1-3 /proc/loadavg)"
     for c in $CONNS; do
       # Rotate the order each round so no mode always runs first.
-      case $((r % 3)) in
-        1) set -- memory batch none ;;
-        2) set -- batch none memory ;;
-        0) set -- none memory batch ;;
-      esac
-      for m in "$@"; do post_row "$m" "$c" "$r"; done
+      for i in "${!modes[@]}"; do
+        m=${modes[$(( (i + r - 1) % ${#modes[@]} ))]}
+        post_row "$m" "$c" "$r"
+      done
     done
   done
 }
@@ -337,11 +346,11 @@ if post:
     conns = sorted({r[3] for r in post}, key=int)
     for c in conns:
         print(f"\nPOST /timers, wrk -t1 -c{c}, chronos 1 core:")
-        for m in ("memory", "batch", "none"):
+        for m in ("memory", "batch", "batch-base", "none", "none-base"):
             rs = list(by.get((m, c), {}).values())
             if not rs: continue
             rps = med([float(r[4]) for r in rs]); cpu = med([float(r[8]) for r in rs])
-            line = f"  {m:6} {fmt(rps)} req/s, cpu {fmt(cpu, '{:.2f}')} us/req, p99 {','.join(r[7] for r in rs)}"
+            line = f"  {m:10} {fmt(rps)} req/s, cpu {fmt(cpu, '{:.2f}')} us/req, p99 {','.join(r[7] for r in rs)}, max {','.join(r[19] if len(r) > 19 else '?' for r in rs)}"
             if m != "memory":
                 v = [list(map(float, r[9:19])) for r in rs]
                 line += (f", {fmt(med([x[1] / x[2] for x in v]), '{:.1f}')} records/sync"
@@ -351,7 +360,7 @@ if post:
                          f", <=5 ms {fmt(med([100 * x[8] / x[5] for x in v]), '{:.1f}')} %"
                          f", snapshots {','.join(str(int(x[9])) for x in v)}")
             print(line)
-        for m, goal in (("batch", 0.5), ("none", 0.9)):
+        for m, goal in (("batch", 0.5), ("batch-base", 0.5), ("none", 0.9), ("none-base", 0.9)):
             ratios = []
             for rnd, r in by.get((m, c), {}).items():
                 base = by.get(("memory", c), {}).get(rnd)

@@ -156,6 +156,7 @@ fn log_resolved(cli: &chronos::config::Cli, resolved: &chronos::config::Resolved
         shared_secret = %if c.cluster.shared_secret.is_some() { "set" } else { "unset" },
         callback_timeout_ms = c.timers.callback_timeout_ms,
         callback_allow = ?c.timers.callback_allow,
+        callback_signing_keys = c.timers.callback_signing_keys.keys.len(),
         replica_skew_ms = c.timers.replica_skew_ms,
         connections_max = c.http.connections_max,
         header_bytes_max = c.http.header_bytes_max,

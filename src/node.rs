@@ -21,13 +21,14 @@ use crate::cluster::Cluster;
 use crate::config::{Config, Resolved};
 use crate::http::guard::Guard;
 use crate::http::server::{Limits, Server};
+use crate::http::sign::SigningKeys;
 use crate::queue::{QueueShard, QueueShared};
 use crate::runtime::mesh::{self, CHANNEL_CAPACITY};
 use crate::runtime::systemd;
 use crate::runtime::{EngineConfig, ShardCtx, SignalHook, DRAIN_TIMEOUT, SIGHUP, SIGUSR1};
 use crate::shard::resync::trigger::resync_loop;
 use crate::shard::{
-    durable, handoff, pop_loop, repair_loop, resend_deletes, MeshMsg, Reply, Shard,
+    durable, handoff, pop_loop, repair_loop, resend_deletes, retry_loop, MeshMsg, Reply, Shard,
 };
 use crate::stats::ShardStats;
 use crate::storage::{self, Recovered};
@@ -66,6 +67,8 @@ struct Reloaded {
     instance_id: u16,
     /// `[timers] callback-allow` as the file now says.
     guard: Option<Arc<Guard>>,
+    /// `[timers] callback-signing-keys` as the file now says.
+    signing_keys: Option<Arc<SigningKeys>>,
 }
 
 /// Run a node until shutdown.
@@ -94,6 +97,7 @@ pub fn run(resolved: Resolved) -> Result<(), String> {
         cluster: resolved.cluster.clone(),
         instance_id: resolved.instance_id,
         guard: resolved.guard.clone(),
+        signing_keys: resolved.signing_keys.clone(),
     };
     let (resync_tx, resyncs) = async_channel::bounded::<()>(RELOADS_QUEUED_MAX);
     let start = Arc::new(resolved.clone());
@@ -281,13 +285,16 @@ async fn shard_main(ctx: ShardCtx<MeshMsg>, node: Arc<NodeShared>) -> Result<(),
 /// store is rebuilt from the log (the server answers meanwhile, `/ready`
 /// saying "recovering").
 fn start_timers(shard: &Rc<Shard>, node: &NodeShared, index: usize) {
+    // Signed callbacks: the shard's client takes the keys before any pop.
+    let keys = node.resolved.signing_keys.clone();
+    shard.outbound.client.set_signing_keys(keys);
     let taken = node.recovered[index].lock().map(|mut r| r.take());
     match taken.ok().flatten() {
         Some((dir, recovered)) => {
             // The server answers (`/ready`: recovering) while the store is
             // rebuilt; the pop loop starts once it is.
             let (shard, announced) = (shard.clone(), node.announced.clone());
-            glommio::spawn_local(async move {
+            crate::runtime::spawn::spawn_local(async move {
                 durable::recover(&shard, dir, recovered).await;
                 shard
                     .base
@@ -301,11 +308,13 @@ fn start_timers(shard: &Rc<Shard>, node: &NodeShared, index: usize) {
                 }
                 handoff::wait_caught_up(&shard).await;
                 shard.base.gate.spawn(pop_loop(shard.clone()));
+                shard.base.gate.spawn(retry_loop(shard.clone()));
             })
             .detach();
         }
         None => {
             shard.base.gate.spawn(pop_loop(shard.clone()));
+            shard.base.gate.spawn(retry_loop(shard.clone()));
         }
     }
 }
@@ -390,6 +399,8 @@ async fn take_reloads(shard: Rc<Shard>, reloads: async_channel::Receiver<Arc<Rel
             .ids
             .set_instance(next.instance_id);
         shard.outbound.set_guard(next.guard.clone());
+        let client = &shard.outbound.client;
+        client.set_signing_keys(next.signing_keys.clone());
     }
 }
 
@@ -429,7 +440,7 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
                 // With a log, the answer waits until the change is durable.
                 Some(_) if applied.is_ok() => {
                     let shard = shard.clone();
-                    glommio::spawn_local(async move {
+                    crate::runtime::spawn::spawn_local(async move {
                         let settled = shard.settle().await.and(applied);
                         let _ = reply.send(Reply::Applied(settled));
                     })
@@ -443,7 +454,7 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
         MeshMsg::Resync { query, reply } => {
             // Building a session scans in slices and yields: its own task.
             let shard = shard.clone();
-            glommio::spawn_local(async move {
+            crate::runtime::spawn::spawn_local(async move {
                 let _ = reply.send(Reply::Resync(shard.resync_local(query).await));
             })
             .detach();
@@ -460,7 +471,7 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
         MeshMsg::Create { spec, reply } => {
             // A create waits for its log write and a replica: its own task.
             let shard = shard.clone();
-            glommio::spawn_local(async move {
+            crate::runtime::spawn::spawn_local(async move {
                 let _ = reply.send(Reply::Created(shard.create_settled(&spec).await));
             })
             .detach();
@@ -469,11 +480,7 @@ fn on_mesh(shard: &Rc<Shard>, msg: MeshMsg) {
             let _ = reply.send(Reply::Tags(shard.timers.store.borrow().tag_values()));
         }
         MeshMsg::Owed { node, reply } => {
-            let (queued, settled, repair) = shard
-                .outbound
-                .replicator
-                .owed(&node)
-                .unwrap_or((0, 0, false));
+            let (queued, settled, repair) = shard.owed_here(&node);
             let _ = reply.send(Reply::Owed(queued, settled, repair));
         }
     }
@@ -558,12 +565,14 @@ fn reload(
         cluster_view_id = %now.view_id,
         instance_id = next.instance_id,
         callback_allow = ?guard_summary(&next.guard),
-        "SIGHUP: cluster reloaded (only [cluster] node, joining, leaving, [identity] and [timers] callback-allow are applied; other settings take a restart)"
+        callback_signing_keys = next.signing_keys.as_ref().map_or(0, |k| k.len()),
+        "SIGHUP: cluster reloaded (only [cluster] node, joining, leaving, [identity] and [timers] callback-allow and callback-signing-keys are applied; other settings take a restart)"
     );
     let shared = Arc::new(Reloaded {
         cluster: next.cluster.clone(),
         instance_id: next.instance_id,
         guard: next.guard.clone(),
+        signing_keys: next.signing_keys.clone(),
     });
     for (i, tx) in shards.iter().enumerate() {
         if tx.try_send(shared.clone()).is_err() {
@@ -593,6 +602,7 @@ fn reread(start: &Resolved) -> Option<Reloaded> {
         cluster: next.resolved.cluster,
         instance_id: next.resolved.instance_id,
         guard: next.resolved.guard,
+        signing_keys: next.resolved.signing_keys,
     })
 }
 

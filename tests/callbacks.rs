@@ -349,10 +349,13 @@ fn review_a_queued_final_pop_outliving_its_tombstone_is_still_sent() {
 fn review_wait_idle_after_a_withdrawn_callback() {
     let config = "[runtime]\ncores = 1\n[timers]\ncallback-connections-per-host-max = 1\n";
     let node = Node::start(config);
-    let sink = Sink::start(Behaviour::Slow(Duration::from_millis(100)));
+    // One connection at 500 ms a callback: ten callbacks due are still
+    // queued when their timers are deleted, however slow the creates.
+    let sink = Sink::start(Behaviour::Slow(Duration::from_millis(500)));
     let ids: Vec<String> = (0..20)
         .map(|i| node.create(&timer_body("1", None, &sink.uri(&format!("/d/{i}")), "x")))
         .collect();
+    let created = Instant::now();
     wait_until("the first pops", Duration::from_secs(10), || {
         if sink.pops().len() >= 2 {
             Ok(())
@@ -360,6 +363,8 @@ fn review_wait_idle_after_a_withdrawn_callback() {
             Err("none".into())
         }
     });
+    // Every timer due (1 s after its create), most of them queued.
+    sleep_until(created + Duration::from_millis(1200));
     for id in &ids[10..] {
         node.request("DELETE", &format!("/timers/{id}"), "");
     }

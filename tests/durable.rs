@@ -17,7 +17,9 @@
 //!   the file and offset; with `on-corruption = "skip"` the rest recovers;
 //! - a start with 1 core instead of 2: every timer pops, and a delete
 //!   sent after the restart reaches it;
-//! - compaction under load: the log shrinks, a restart loses nothing;
+//! - compaction under load: the log shrinks, a restart loses nothing,
+//!   each shard keeps its next segment ready, and garbage in it is never
+//!   taken for the log;
 //! - a crash between a snapshot's rename and the deletion of the segments
 //!   it covers (`CHRONOS_TEST_FAULT=after-snapshot-rename`) loses nothing.
 
@@ -398,6 +400,15 @@ fn compaction_under_load_shrinks_the_log_and_loses_nothing() {
     assert!(!store.files(".snap").is_empty(), "a snapshot file");
     assert!(node.metric("chronos_storage_snapshot_duration_seconds_count") >= 1.0);
     assert!(node.terminate().success(), "a clean stop");
+    // Every rotation took a segment made ahead; the next is there, one per
+    // shard, allocated whole. A spare left with garbage (a crash while it
+    // was filled) never enters the log.
+    let spares = store.files("log-spare.tmp");
+    assert_eq!(spares.len(), 2, "a spare per shard: {spares:?}");
+    for spare in &spares {
+        assert_eq!(std::fs::metadata(spare).unwrap().len(), 1 << 20);
+        write_at(spare, 0, &garbage(1 << 20));
+    }
     let (node, _) = start_ready(port, &config);
     let left = due.saturating_duration_since(Instant::now());
     settle(&sink, &[&node], &ledger, left + Duration::from_secs(15));

@@ -204,7 +204,22 @@ fn review_compaction_during_pops_updates_deletes_then_kill9() {
         gone.len()
     );
     let node = start(port, &cfg);
-    std::thread::sleep(Duration::from_secs(pops_each as u64 + 10));
+    // At least 10 s (a deleted timer brought back pops within them), then
+    // until every live timer reached its last pop: a loaded machine drains
+    // the restart's overdue pops slower than they fell due.
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(pops_each as u64 + 60);
+    let all_done = || {
+        let pops = sink.pops();
+        want.iter()
+            .all(|w| pops.iter().any(|p| &p.path == w && p.sequence >= pops_each))
+    };
+    while started.elapsed() < Duration::from_secs(10) || !all_done() {
+        if Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let pops = sink.pops();
     let mut last: BTreeMap<String, u32> = BTreeMap::new();
     let mut undone = Vec::new();

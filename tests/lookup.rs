@@ -6,7 +6,6 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 fn unix_ms_now() -> u64 {
@@ -14,19 +13,6 @@ fn unix_ms_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-/// `GET /timers/<id>` as JSON, asserting a `200`.
-fn look_up(node: &Node, id: &str) -> Value {
-    let r = node.request("GET", &format!("/timers/{id}"), "");
-    assert_eq!(
-        r.status,
-        200,
-        "GET /timers/{id} on {}: {}",
-        node.addr,
-        r.text()
-    );
-    serde_json::from_slice(&r.body).expect("a JSON answer")
 }
 
 #[test]

@@ -192,19 +192,59 @@ fn inputs_as_ids<'a>(ids: &'a [String], dl: &'a str) -> Vec<Input<'a>> {
     ids.iter().map(|id| input(id, id.as_bytes(), dl)).collect()
 }
 
-/// Each delete statement on `table` starts 4 s late: a statement-level
-/// `BEFORE DELETE` trigger sleeps before any row is locked, so that the
-/// node's delete of a published row is in flight, its row still there and
-/// not locked, for 4 s.
-fn slow_deletes(table: &str) {
-    psql(
-        "CREATE OR REPLACE FUNCTION chronos_test_slow_delete() RETURNS trigger
-         LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(4); RETURN NULL; END $$",
-    );
-    psql(&format!(
-        "CREATE TRIGGER {table}_slow_delete BEFORE DELETE ON {table}
-         FOR EACH STATEMENT EXECUTE FUNCTION chronos_test_slow_delete()"
-    ));
+/// A gate on deletes from `table`: until [`DeleteGate::open`] (or 15 s,
+/// well inside the node's 20 s statement timeout), each `DELETE` waits
+/// in a statement trigger, before it touches a row. The gate is a row in
+/// `chronos_test_gate`, which the trigger reads afresh on each turn; it is
+/// taken away when the guard drops, so a failed test leaves no delete
+/// waiting.
+struct DeleteGate {
+    table: String,
+}
+
+impl DeleteGate {
+    fn close(table: &str) -> DeleteGate {
+        psql("CREATE TABLE IF NOT EXISTS chronos_test_gate (tbl text PRIMARY KEY)");
+        psql(
+            "CREATE OR REPLACE FUNCTION chronos_test_gated_delete() RETURNS trigger
+             LANGUAGE plpgsql AS $$
+             DECLARE until timestamptz := clock_timestamp() + interval '15 seconds';
+             BEGIN
+                 WHILE clock_timestamp() < until AND EXISTS
+                     (SELECT 1 FROM chronos_test_gate WHERE tbl = TG_ARGV[0]) LOOP
+                     PERFORM pg_sleep(0.05);
+                 END LOOP;
+                 RETURN NULL;
+             END $$",
+        );
+        psql(&format!(
+            "INSERT INTO chronos_test_gate VALUES ('{table}') ON CONFLICT DO NOTHING"
+        ));
+        psql(&format!(
+            "CREATE TRIGGER {table}_gated_delete BEFORE DELETE ON {table}
+             FOR EACH STATEMENT EXECUTE FUNCTION chronos_test_gated_delete('{table}')"
+        ));
+        DeleteGate {
+            table: table.to_string(),
+        }
+    }
+
+    /// The statement that opens the gate.
+    fn open_sql(&self) -> String {
+        format!("DELETE FROM chronos_test_gate WHERE tbl = '{}'", self.table)
+    }
+
+    fn open(&self) {
+        psql(&self.open_sql());
+    }
+}
+
+impl Drop for DeleteGate {
+    /// As [`DeleteGate::open`], without the assertion: a drop during a
+    /// test's panic must not panic again.
+    fn drop(&mut self) {
+        let _ = psql_command().args(["-tAc", &self.open_sql()]).output();
+    }
 }
 
 /// Whether a delete on `table` is sleeping in its trigger now.
@@ -217,7 +257,7 @@ fn delete_in_flight(table: &str) -> bool {
 }
 
 /// Item 3. Messages `x` and `y` are published; while their rows' delete
-/// is in flight (4 s, see [`slow_deletes`]) each ID is reused at once: `x`
+/// is in flight (held by a [`DeleteGate`]) each ID is reused at once: `x`
 /// by a message due 2.5 s later, `y` by one already late. Both new
 /// messages are delivered. Before the fix: `x`'s was dropped by the
 /// insert's `ON CONFLICT DO NOTHING` (the old row was still there), `y`'s
@@ -229,7 +269,7 @@ fn an_id_reused_while_its_delete_is_in_flight_is_delivered() {
     let s = setup("reuse", 1);
     let node = s.node("statement-timeout-ms = 20000");
     wait_table(&s.table, &node);
-    slow_deletes(&s.table);
+    let gate = DeleteGate::close(&s.table);
     let p = producer(&s.broker.brokers());
     let reader = warm_reader(&s, &p);
     let first = iso(now_ms() + 1_000);
@@ -273,6 +313,17 @@ fn an_id_reused_while_its_delete_is_in_flight_is_delivered() {
         delete_in_flight(&s.table),
         "the premise fails: the old rows' delete was over before the new messages were consumed"
     );
+    // The batch's insert follows its count after the late message's
+    // look-up (one Postgres statement) and its hand-over to the producer:
+    // a second for the insert to meet the row that is still there (before
+    // the fix it was dropped then); then the delete goes on. The gate
+    // holds at most 15 s: it must still have held until now.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        delete_in_flight(&s.table),
+        "the premise fails: the gate lapsed before the insert had its second"
+    );
+    gate.open();
     let until = instant_of_ms(future_ms + 10_000);
     let lost: Vec<String> = [("x", "x-2"), ("y", "y-2")]
         .iter()

@@ -183,10 +183,12 @@ fn the_other_site_pops_every_timer_when_the_first_is_killed() {
 fn four_sites_three_killed_the_survivor_pops_all_within_19_s() {
     let mut nodes = single_node_sites(4, true);
     let sink = Sink::start(Behaviour::Ok);
-    let created = Instant::now();
     for (i, node) in nodes.iter().enumerate() {
         create(node, &sink, &format!("/s{i}"), 25);
     }
+    // Within 19 s of the last creation: the creates' own time on a loaded
+    // machine is not the survivor's.
+    let created = Instant::now();
     for node in &nodes {
         wait_sites_settled(node);
     }

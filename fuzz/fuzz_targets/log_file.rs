@@ -35,7 +35,38 @@ fn build(ops: &[u8]) -> (Vec<u8>, BTreeMap<u64, u64>) {
             let unique = (op & 0x0f) as u64;
             if op & 0x80 == 0 {
                 let due = lsn * 7;
-                let image = Image::new(due, head(unique), "http://h/x", "o");
+                let mut image = Image::new(due, head(unique), "http://h/x", "o");
+                // Bit 0x40: a timer with a delivery policy (format 1), and
+                // its pop's attempts (a DELIVERY record); bit 0x10: a
+                // calendar timer (extension section 2, issue 42).
+                let mut ext = Vec::new();
+                if op & 0x10 != 0 {
+                    use chronos::timer::extras::{push_timing, TimingKind, TimingRef};
+                    let timing = TimingRef {
+                        kind: TimingKind::Cron,
+                        start_unix_ms: due as i64,
+                        text: "*/2 * * * * *",
+                        zone: "Europe/Paris",
+                    };
+                    push_timing(&mut ext, &timing);
+                }
+                if op & 0x40 != 0 {
+                    let retry = chronos::timer::retry::RetryPolicy::default();
+                    chronos::timer::extras::push_delivery(&mut ext, &retry, "http://h/dlq");
+                }
+                image.ext = &ext;
+                if op & 0x40 != 0 {
+                    let state = chronos::timer::spec::AttemptState {
+                        sequence: 1,
+                        attempts: 2,
+                        first_unix_ms: 5,
+                        next_unix_ms: due,
+                        last_outcome: 503,
+                        done: op & 0x20 != 0,
+                    };
+                    record::delivery(&mut batch, lsn, &state, true, &image, [("t", 1u32)].into_iter());
+                    lsn += 1;
+                }
                 record::put(&mut batch, lsn, &image, [("t", 1u32)].into_iter());
                 model.insert(unique, due);
             } else {

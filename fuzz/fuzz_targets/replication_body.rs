@@ -16,6 +16,14 @@ fuzz_target!(|data: &[u8]| {
     let replicas: Vec<&str> = r.replicas.iter().map(|s| s.as_ref()).collect();
     let sites: Vec<&str> = r.sites.iter().map(|s| s.as_ref()).collect();
     let tags: Vec<(&str, u32)> = spec.tags.iter().map(|(t, n)| (t.as_ref(), *n)).collect();
+    let mut ext = Vec::new();
+    if let Some(d) = &spec.delivery {
+        d.push_ext(&mut ext);
+    }
+    // Issue 42: `at`, `start-at` or `cron`, with the absolute start.
+    if let Some(t) = &spec.timing {
+        t.push_ext(&mut ext, t.start_unix_ms.unwrap_or(0));
+    }
     let body = Body {
         interval_ms: spec.interval_ms,
         repeat_for_ms: spec.repeat_for_ms,
@@ -31,6 +39,8 @@ fuzz_target!(|data: &[u8]| {
         tags: &tags,
         start_time_unix_ms: None,
         only_newer: false,
+        ext: &ext,
+        attempt: r.attempt.as_deref().copied(),
     };
     let mut out = Vec::new();
     encode_body(&mut out, &body);
@@ -52,4 +62,14 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(r2.sites, r.sites);
     assert_eq!(r2.sequence_number, r.sequence_number);
     assert_eq!(r2.start_time_delta_ms, r.start_time_delta_ms);
+    assert_eq!(again.delivery, spec.delivery, "the policy survives");
+    assert_eq!(r2.attempt, r.attempt, "a pop's attempts survive");
+    let timing = |t: Option<&chronos::timer::spec::Timing>| {
+        t.map(|t| (t.kind, t.text.to_string(), t.zone.to_string(), t.at_unix_ms, t.start_unix_ms.unwrap_or(0)))
+    };
+    assert_eq!(
+        timing(again.timing.as_deref()),
+        timing(spec.timing.as_deref()),
+        "the timing survives"
+    );
 });

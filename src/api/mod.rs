@@ -8,7 +8,7 @@
 //! | `/timers/<32 hex>`    | `GET` (the timer, from any node), `PUT`, `DELETE` |
 //! | `/cluster`            | `GET`: the node's view and resync state |
 //! | `/resync`             | `POST`: start a resync (`chronos resync`) |
-//! | `/handoff`            | `GET`: what this node still owes a peer's replication (internal) |
+//! | `/handoff`            | `GET`: what this node still owes a peer's replication; brings a repair owed to it forward (internal) |
 //! | `/ping`               | `GET`, `HEAD`     |
 //! | `/ready`              | `GET`, `HEAD`     |
 //! | `/metrics`            | `GET`             |

@@ -6,6 +6,7 @@
 use super::{check_log_filter, Config, POP_REPLICATION_ALLOWANCE_MS};
 use crate::cluster::Cluster;
 use crate::http::guard::Guard;
+use crate::http::sign::SigningKeys;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -31,6 +32,25 @@ impl Config {
             Some(q) => q.check(),
             None => Ok(()),
         }
+    }
+
+    /// `[timers] callback-signing-keys`, parsed (a bad key is named by
+    /// its place in the list, never by its text); `None` when none is set.
+    pub(super) fn resolve_signing_keys(&self) -> Result<Option<Arc<SigningKeys>>, String> {
+        let secrets = &self.timers.callback_signing_keys;
+        if secrets.malformed {
+            return Err(
+                "[timers] callback-signing-keys: must be a list of strings, each whsec_ and base64"
+                    .into(),
+            );
+        }
+        let secrets = &secrets.keys;
+        if secrets.is_empty() {
+            return Ok(None);
+        }
+        SigningKeys::parse(secrets)
+            .map(|k| Some(Arc::new(k)))
+            .map_err(|e| format!("[timers] callback-signing-keys: {e}"))
     }
 
     /// `[timers] callback-allow`, parsed (a bad rule is named).

@@ -85,6 +85,7 @@ impl Config {
         let (ip, shards) = self.check_engine(available_cores)?;
         self.check_limits()?;
         let guard = self.resolve_guard()?;
+        let signing_keys = self.resolve_signing_keys()?;
         let cluster = self.cluster.resolve(ip, self.http.bind_port)?;
         let instance_id = self.resolve_instance(&cluster)?;
         self.check_skew_rule(&cluster)?;
@@ -108,6 +109,7 @@ impl Config {
             callback_tls: None,
             peer_tls: None,
             guard,
+            signing_keys,
         })
     }
 }

@@ -30,6 +30,7 @@
 use crate::cluster::sites::Sites;
 use crate::cluster::Cluster;
 use crate::http::guard::Guard;
+use crate::http::sign::SigningKeys;
 use crate::http::tls::ListenerTls;
 use serde::Deserialize;
 use std::sync::Arc;
@@ -46,7 +47,7 @@ pub use crate::http::config::{AcceptSteering, HttpConfig};
 pub use crate::queue::QueueConfig;
 pub use crate::runtime::config::{RuntimeConfig, ThrottlingConfig};
 pub use crate::storage::StorageConfig;
-pub use crate::timer::config::{IdentityConfig, TimersConfig};
+pub use crate::timer::config::{IdentityConfig, SigningSecrets, TimersConfig};
 pub use log::{check_log_filter, LogConfig, LOG_LEVELS};
 pub use overrides::{Applied, Cli, Override};
 pub use reload::Reread;
@@ -99,6 +100,9 @@ pub struct Resolved {
     pub peer_tls: Option<Arc<rustls::ClientConfig>>,
     /// `[timers] callback-allow` parsed; `None`: callbacks go anywhere.
     pub guard: Option<Arc<Guard>>,
+    /// `[timers] callback-signing-keys` parsed; `None`: callbacks go
+    /// unsigned.
+    pub signing_keys: Option<Arc<SigningKeys>>,
 }
 
 /// Where a configuration was read from: the file, and the overrides as

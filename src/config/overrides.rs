@@ -314,8 +314,15 @@ pub fn apply(
 
 /// Keys whose values are credentials: never shown in a message (the
 /// shared secret, Postgres's URL with its password, and the Kafka client
-/// property maps, which may hold `sasl.password`).
-const SENSITIVE_KEYS: [&str; 4] = ["shared-secret", "postgres-url", "consumer", "producer"];
+/// property maps, which may hold `sasl.password`, and the callback
+/// signing keys).
+const SENSITIVE_KEYS: [&str; 5] = [
+    "shared-secret",
+    "postgres-url",
+    "consumer",
+    "producer",
+    "callback-signing-keys",
+];
 
 /// A value as messages show it: never a credential.
 fn shown(key: &str, value: &str) -> String {
@@ -342,11 +349,11 @@ pub fn annotate(message: String, applied: &[Applied]) -> String {
 
 #[cfg(test)]
 mod redaction_tests {
-    use super::shown;
+    use super::{shown, SENSITIVE_KEYS};
 
     #[test]
     fn credentials_are_never_shown() {
-        for key in ["shared-secret", "postgres-url", "consumer", "producer"] {
+        for key in SENSITIVE_KEYS {
             assert_eq!(shown(key, "postgres://u:pw@h/db"), "<redacted>", "{key}");
         }
         assert_eq!(shown("bind-port", "7253"), "7253");

@@ -1,13 +1,13 @@
 //! A SIGHUP's re-read of the file. Only the members are applied
 //! (`[cluster] node`, `joining`, `leaving`, with `localhost`),
-//! `[identity]` and `[timers] callback-allow`; every other setting takes a
-//! restart. So what is checked is
+//! `[identity]`, `[timers] callback-allow` and `callback-signing-keys`;
+//! every other setting takes a restart. So what is checked is
 //! the running configuration with the file's members: a change the reload
 //! would not apply (a `[timers]` value the skew rule refuses, a typo in
 //! `[queue]`) cannot make it fail. Such changes are named instead, by
 //! key, and a file the next start would refuse is reported.
 
-use super::{overrides, ClusterConfig, Config, IdentityConfig, Resolved};
+use super::{overrides, ClusterConfig, Config, IdentityConfig, Resolved, SigningSecrets};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -15,8 +15,8 @@ use std::collections::BTreeSet;
 /// refused by the node: it takes a restart).
 pub const RELOADED_CLUSTER_KEYS: [&str; 4] = ["localhost", "node", "joining", "leaving"];
 
-/// The `[timers]` key a reload applies.
-pub const RELOADED_TIMERS_KEY: &str = "callback-allow";
+/// The `[timers]` keys a reload applies.
+pub const RELOADED_TIMERS_KEYS: [&str; 2] = ["callback-allow", "callback-signing-keys"];
 
 /// What a reload read.
 #[derive(Debug)]
@@ -88,13 +88,23 @@ impl Config {
         self.identity = identity;
         // The callback guard: an operator narrows it without a restart
         // (a bad rule refuses the reload, the running list stays).
-        let allow = section(table, "timers")?.remove("callback-allow");
-        self.timers.callback_allow = match allow {
+        let mut timers = section(table, "timers")?;
+        self.timers.callback_allow = match timers.remove("callback-allow") {
             None => None,
             Some(v) => Some(
                 Vec::<String>::deserialize(v)
                     .map_err(|e| format!("invalid [timers] callback-allow: {}", one_line(&e)))?,
             ),
+        };
+        // The signing keys: a rotation needs no restart (a bad key refuses
+        // the reload, named by its place; the running keys stay).
+        self.timers.callback_signing_keys = match timers.remove("callback-signing-keys") {
+            None => SigningSecrets::default(),
+            // Never the error's text: it may quote the value (the reading
+            // itself takes any value; the resolution refuses a bad one).
+            Some(v) => SigningSecrets::deserialize(v).map_err(|_| {
+                "invalid [timers] callback-signing-keys: must be a list of strings".to_string()
+            })?,
         };
         Ok(())
     }
@@ -162,7 +172,7 @@ fn diff<T: Serialize>(section: &str, was: &T, now: &T, out: &mut Vec<String>) {
     let show = |v: Option<&toml::Value>| v.map_or("unset".to_string(), |v| v.to_string());
     for key in keys {
         let reloaded = (section == "cluster" && RELOADED_CLUSTER_KEYS.contains(&key.as_str()))
-            || (section == "timers" && key == RELOADED_TIMERS_KEY);
+            || (section == "timers" && RELOADED_TIMERS_KEYS.contains(&key.as_str()));
         if !reloaded && a.get(key) != b.get(key) {
             out.push(format!(
                 "[{section}] {key} {} -> {}",
@@ -237,6 +247,22 @@ mod tests {
         std::fs::write(&path, format!("{TWO}[timers]\nbogus = 1\n")).unwrap();
         let r = Config::reload(&running).unwrap();
         assert!(r.refused_at_start.unwrap().contains("bogus"));
+    }
+
+    #[test]
+    fn the_signing_keys_are_applied_and_a_bad_one_fails_it() {
+        const KEY: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let (running, path) = started("keys", ONE);
+        assert!(running.signing_keys.is_none(), "none at start");
+        let keyed = format!("{ONE}[timers]\ncallback-signing-keys = [{KEY:?}, {KEY:?}]\n");
+        std::fs::write(&path, keyed).unwrap();
+        let r = Config::reload(&running).unwrap();
+        assert_eq!(r.resolved.signing_keys.map(|k| k.len()), Some(2), "applied");
+        assert!(r.not_applied.is_empty(), "{:?}", r.not_applied);
+        let bad = format!("{ONE}[timers]\ncallback-signing-keys = [\"whsec_c2hvcnQ=\"]\n");
+        std::fs::write(&path, bad).unwrap();
+        let e = Config::reload(&running).unwrap_err();
+        assert!(e.contains("signing key 0") && !e.contains("c2hvcnQ"), "{e}");
     }
 
     #[test]

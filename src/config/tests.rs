@@ -342,3 +342,50 @@ fn a_sites_section_must_name_the_local_site() {
         .unwrap();
     assert_eq!(r.sites.local, "east");
 }
+
+#[test]
+fn signing_keys_are_checked_by_place_and_never_shown() {
+    const KEY: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let resolve = |value: &str| {
+        let text = format!("[timers]\ncallback-signing-keys = {value}\n");
+        Config::from_toml(&text).and_then(|c| c.resolve(1))
+    };
+    let none = resolve("[]").expect("no keys");
+    assert!(none.signing_keys.is_none(), "an empty list signs nothing");
+    let unset = Config::from_toml("").unwrap().resolve(1).unwrap();
+    assert!(unset.signing_keys.is_none(), "no key set signs nothing");
+    let two = resolve(&format!("[{KEY:?}, {KEY:?}]")).expect("two keys");
+    assert_eq!(
+        two.signing_keys.as_ref().map(|k| k.len()),
+        Some(2),
+        "two keys"
+    );
+    let one = resolve(&format!("{KEY:?}")).expect("a lone string is one key");
+    assert_eq!(one.signing_keys.map(|k| k.len()), Some(1), "one key");
+    let shown = format!("{two:?}");
+    assert!(
+        !shown.contains("MfKQ9r8"),
+        "Debug never shows a key: {shown}"
+    );
+    for (value, want) in [
+        (
+            format!("[{KEY:?}, \"whsec_c2hvcnQ=\"]"),
+            "signing key 1: 5 bytes",
+        ),
+        (format!("[{KEY:?}, 5]"), "must be a list of strings"),
+        (
+            "{ a = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\" }".into(),
+            "must be a list",
+        ),
+    ] {
+        let e = resolve(&value).expect_err(want);
+        assert!(
+            e.contains("[timers] callback-signing-keys") && e.contains(want),
+            "{e}"
+        );
+        assert!(
+            !e.contains("MfKQ9r8") && !e.contains("c2hvcnQ"),
+            "never quoted: {e}"
+        );
+    }
+}

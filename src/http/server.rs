@@ -204,7 +204,7 @@ impl<H: Handler> Server<H> {
             } else {
                 "too many connections: the limit (connections-max) is reached"
             };
-            glommio::spawn_local(reject(conn, why)).detach();
+            crate::runtime::spawn::spawn_local(reject(conn, why)).detach();
             return;
         }
         if let Some(ip) = ip {
@@ -215,7 +215,7 @@ impl<H: Handler> Server<H> {
             .connections_open
             .fetch_add(1, Ordering::Relaxed);
         let server = self.clone();
-        glommio::spawn_local(async move {
+        crate::runtime::spawn::spawn_local(async move {
             // Once per connection: a plain one runs the plain code.
             match server.limits.tls.clone() {
                 None => server.serve(conn).await,

@@ -460,7 +460,7 @@ impl Pg {
         let broken = Rc::new(Cell::new(false));
         let flag = broken.clone();
         let task = TaskGuard(Some(
-            glommio::spawn_local(async move {
+            crate::runtime::spawn::spawn_local(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(target: "chronos::queue", "Postgres connection ended: {e}");
                 }

@@ -60,7 +60,16 @@ impl Gate {
 
     /// Spawn a task on this executor that holds a pass until it ends. Once
     /// the gate is closing the task is not started (returns `false`).
-    pub fn spawn(self: &Rc<Self>, task: impl Future<Output = ()> + 'static) -> bool {
+    pub fn spawn<F: Future<Output = ()> + 'static>(self: &Rc<Self>, task: F) -> bool {
+        if std::mem::size_of::<F>() > super::spawn::SPAWN_INLINE_BYTES_MAX {
+            // Boxed here, before the wrapper below holds it by value.
+            let boxed: Pin<Box<dyn Future<Output = ()>>> = Box::pin(task);
+            return self.spawn_small(boxed);
+        }
+        self.spawn_small(task)
+    }
+
+    fn spawn_small(self: &Rc<Self>, task: impl Future<Output = ()> + 'static) -> bool {
         let Some(pass) = self.enter() else {
             return false;
         };

@@ -49,7 +49,7 @@ impl<M: Send + 'static> Mesh<M> {
 pub fn serve<M: Send + 'static>(mut receivers: Receivers<M>, handle: impl Fn(M) + Clone + 'static) {
     for (_, receiver) in receivers.streams() {
         let handle = handle.clone();
-        glommio::spawn_local(async move {
+        super::spawn::spawn_local(async move {
             while let Some(msg) = receiver.recv().await {
                 handle(msg);
             }

@@ -25,6 +25,7 @@ pub mod loglimit;
 pub mod mesh;
 pub mod notify;
 pub mod sleep;
+pub mod spawn;
 pub mod systemd;
 pub mod throttle;
 
@@ -328,7 +329,7 @@ where
             .spawn(move || async move {
                 let ctx = join_mesh(index, shards, listener, mesh).await?;
                 let gate = ctx.gate.clone();
-                glommio::spawn_local(async move {
+                spawn::spawn_local(async move {
                     let _ = stop.recv().await;
                     gate.close();
                 })

@@ -13,7 +13,7 @@ use crate::runtime::clock;
 use crate::runtime::gate::Gate;
 use crate::stats::ShardStats;
 use crate::storage::{self, snapshot, Log, Recovered};
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -36,6 +36,11 @@ pub struct Durable {
     pub(super) log: OnceCell<Rc<Log>>,
     /// The log's flusher task (awaited at shutdown: it writes what is left).
     pub(super) flusher: RefCell<Option<glommio::Task<()>>>,
+    /// The re-send at start is still queueing what the log held
+    /// (`resend::run`): until it has, no tombstone expires, since what a
+    /// peer was owed before the restart (a queued delete, a repair mark)
+    /// lived in memory only.
+    pub(super) resending: Cell<bool>,
 }
 
 impl Durable {
@@ -148,15 +153,13 @@ impl Shard {
 
 /// Rebuild the store from `recovered`, open the log after it, and start
 /// the flusher and compaction. The pop loop starts after this.
-pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> Rc<Log> {
-    let started = Instant::now();
-    let stats = shard.base.my_stats();
-    assert!(
-        stats.recovering.load(Ordering::Relaxed),
-        "set before the server"
-    );
+/// The recovered timers into the store, in slices (due order: timers that
+/// fell due while the node was down pop in it).
+async fn recover_timers<'r>(
+    shard: &Shard,
+    recovered: &'r Recovered,
+) -> Vec<storage::record::Image<'r>> {
     let mut images: Vec<_> = recovered.images().collect();
-    // Due order: timers that fell due while the node was down pop in it.
     images.sort_unstable_by_key(|i| i.due_unix_ms);
     for chunk in images.chunks(RECOVER_SLICE) {
         {
@@ -167,7 +170,21 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
         }
         crate::runtime::bulk::breathe().await;
     }
+    images
+}
+
+pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> Rc<Log> {
+    let started = Instant::now();
+    let stats = shard.base.my_stats();
+    assert!(
+        stats.recovering.load(Ordering::Relaxed),
+        "set before the server"
+    );
+    let images = recover_timers(shard, &recovered).await;
     let count = images.len();
+    for (state, owned, image) in recovered.deliveries() {
+        shard.recover_attempt(&state, owned, &image);
+    }
     let recent = match shard.keeps_tombstones() {
         true => super::resend::recent(&images, shard.replication_late_ms_max(), clock::unix_us()),
         false => Vec::new(),
@@ -190,7 +207,7 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
         shard.durable.log.set(log.clone()).is_ok(),
         "one log per shard"
     );
-    let flusher = glommio::spawn_local(storage::log::flusher(log.clone(), resume));
+    let flusher = crate::runtime::spawn::spawn_local(storage::log::flusher(log.clone(), resume));
     *shard.durable.flusher.borrow_mut() = Some(flusher);
     let corrupt = recovered.corrupt > 0;
     drop(recovered);
@@ -204,10 +221,13 @@ pub async fn recover(shard: &Rc<Shard>, dir: PathBuf, recovered: Recovered) -> R
         .spawn(compaction_loop(shard.clone(), log.clone(), dir, corrupt));
     shard.refresh_gauges(&shard.timers.store.borrow());
     if !recent.is_empty() {
-        shard
-            .base
-            .gate
-            .spawn(super::resend::run(shard.clone(), recent));
+        shard.durable.resending.set(true);
+        let me = shard.timers.cluster().local_address.clone();
+        shard.outbound.replicator.resend_started(&me);
+        let resend = super::resend::run(shard.clone(), recent);
+        if !shard.base.gate.spawn(resend) {
+            shard.durable.resending.set(false);
+        }
     }
     tracing::info!(target: "chronos::storage", "shard {}: recovered {count} timers and tombstones in {} ms", shard.base.id, started.elapsed().as_millis());
     if corrupt && shard.base.id == 0 && shard.has_peers() {
@@ -301,6 +321,8 @@ async fn snapshot(shard: &Shard, log: &Log, dir: &std::path::Path) -> Result<(),
             .pop
             .each_before_pop(|due, t| store.snapshot_put(&mut w.enc, due, t));
     }
+    // Pops being retried or watched: their state, as the log has it.
+    shard.snapshot_attempts(&mut w.enc);
     let count = w.enc.count();
     let bytes = w.finish().await?;
     storage::fault_point("after-snapshot-rename");

@@ -16,7 +16,9 @@ use super::store::Store;
 use super::Shard;
 use crate::cluster::Node;
 use crate::runtime::clock;
+use crate::timer::retry::{Outcome, RetryPolicy};
 use crate::timer::spec::TAGS_MAX;
+use crate::timer::timing::{TimingKind, TimingRef};
 use crate::timer::{shard_of, Timer, TimerId, TimerSpec};
 use serde_json::{json, Value};
 
@@ -41,10 +43,16 @@ impl Shard {
     /// The timer `unique` in this shard's store (its owner's).
     pub fn look_up_here(&self, unique: u64) -> Found {
         let store = self.timers.store.borrow();
-        match store.get(unique) {
-            None => Found::Absent,
-            Some((_, t)) if t.is_tombstone() => Found::Deleted,
-            Some((_, t)) => Found::Live(self.describe(&store, t).to_string()),
+        let retried = self.retries.first_of(unique);
+        // A one-shot timer's pop still being retried: its tombstone (or
+        // none, once that expired) stands beside a live pop.
+        let stored = store.get(unique).map(|(_, t)| t);
+        let retried = retried.filter(|r| stored.is_none_or(|t| t.version == r.version));
+        match (stored, retried) {
+            (Some(t), _) if !t.is_tombstone() => Found::Live(self.describe(&store, t).to_string()),
+            (_, Some(r)) => Found::Live(self.describe(&store, &r).to_string()),
+            (Some(_), None) => Found::Deleted,
+            (None, None) => Found::Absent,
         }
     }
 
@@ -73,8 +81,8 @@ impl Shard {
             .map(|(name, count)| json!({"type": name, "count": count}))
             .collect();
         json!({
-            "timing": {"interval": seconds(spec.interval_ms), "repeat-for": seconds(spec.repeat_for_ms)},
-            "callback": {"http": {"uri": spec.uri, "opaque": spec.opaque}},
+            "timing": timing_json(spec.interval_ms, spec.repeat_for_ms, spec.timing.as_deref().map(|t| t.to_ref(0))),
+            "callback": callback_json(&spec.uri, &spec.opaque, spec.delivery.as_ref().map(|d| (d.retry, d.dead_letter.as_ref()))),
             "reliability": {"replication-factor": self.factor_requested(spec).max(1)},
             "statistics": {"tag-info": tag_info},
         })
@@ -109,15 +117,61 @@ impl Shard {
         let sites: Vec<&str> = self.base.resolved.sites.names(t.sites).to_vec();
         json!({
             "id": t.id().to_hex_string(),
-            "timing": {"interval": seconds(t.interval_ms), "repeat-for": seconds(t.repeat_for_ms)},
-            "callback": {"http": {"uri": t.uri(), "opaque": t.opaque()}},
+            "timing": timing_json(t.interval_ms, t.repeat_for_ms, t.timing()),
+            "callback": callback_json(t.uri(), t.opaque(), t.delivery().map(|d| (d.retry, d.dead_letter))),
             "reliability": {"replication-factor": factor},
             "statistics": {"tag-info": tag_info},
             "next-pop": next_pop(t),
             "pops-done": t.sequence,
             "replicas": replicas,
             "sites": sites,
+            "delivery": self.delivery_json(t),
         })
+    }
+
+    /// `delivery`: the pops of `t`'s incarnation being retried here (its
+    /// owner shard), or watched while another replica retries them.
+    fn delivery_json(&self, t: &Timer) -> Value {
+        let mut pops = Vec::new();
+        self.retries.each_of(t.unique, |e| {
+            if e.timer.version != t.version {
+                return;
+            }
+            let at = jiff::Timestamp::from_millisecond(e.next_unix_ms as i64)
+                .map(|ts| ts.to_string())
+                .unwrap_or_default();
+            pops.push(json!({
+                "sequence": e.timer.sequence,
+                "attempts": e.attempts,
+                "next-attempt": at,
+                "last-outcome": outcome_text(e.last),
+                "sender": if e.owned { "this node" } else { "another replica" },
+            }));
+        });
+        pops.sort_by_key(|p| p["sequence"].as_u64());
+        json!({"pending": pops})
+    }
+}
+
+/// `callback` as a client writes it, with its delivery policy if any.
+fn callback_json(uri: &str, opaque: &str, delivery: Option<(RetryPolicy, &str)>) -> Value {
+    let mut callback = json!({"http": {"uri": uri, "opaque": opaque}});
+    if let Some((retry, dead_letter)) = delivery {
+        let mut text = Vec::new();
+        retry.write_json(&mut text);
+        callback["retry"] = serde_json::from_slice(&text).expect("the policy writes JSON");
+        if !dead_letter.is_empty() {
+            callback["dead-letter"] = json!({"http": {"uri": dead_letter}});
+        }
+    }
+    callback
+}
+
+/// An attempt's outcome as `last-outcome` shows it.
+fn outcome_text(o: Outcome) -> Value {
+    match o {
+        Outcome::Status { code, .. } => json!(code),
+        other => json!(other.to_string()),
     }
 }
 
@@ -140,12 +194,39 @@ fn next_pop(t: &Timer) -> Value {
     if !t.has_next_pop() {
         return Value::Null;
     }
-    let due_ms = t.start_ms + (t.sequence as u64 + 1) * t.interval_ms as u64;
-    let unix_ms = clock::engine_to_unix(due_ms);
+    // A wall-clock or calendar timer's is exact: from its absolute start.
+    let unix_ms = match t.timing() {
+        Some(timing) => {
+            let offset_ms = t.next_pop_ms(0).saturating_sub(t.start_ms);
+            (timing.start_unix_ms.max(0) as u64).saturating_add(offset_ms)
+        }
+        None => clock::engine_to_unix(t.next_pop_ms(0)),
+    };
     let at = jiff::Timestamp::from_millisecond(unix_ms as i64)
         .map(|ts| ts.to_string())
         .unwrap_or_default();
     json!({"at": at, "unix-ms": unix_ms, "sequence": t.sequence + 1})
+}
+
+/// `timing` as a client writes it: `interval` and `repeat-for`, or with
+/// a wall-clock or calendar timing (issue 42) the keys that made it.
+fn timing_json(interval_ms: u32, repeat_for_ms: u32, timing: Option<TimingRef<'_>>) -> Value {
+    let Some(t) = timing else {
+        return json!({"interval": seconds(interval_ms), "repeat-for": seconds(repeat_for_ms)});
+    };
+    match t.kind {
+        TimingKind::At => json!({"at": t.text}),
+        TimingKind::StartAt => json!({
+            "start-at": t.text,
+            "interval": seconds(interval_ms),
+            "repeat-for": seconds(repeat_for_ms),
+        }),
+        TimingKind::Cron => json!({
+            "cron": t.text,
+            "time-zone": t.zone,
+            "repeat-for": seconds(repeat_for_ms),
+        }),
+    }
 }
 
 /// A duration in ms as the codec's seconds: whole seconds as an integer,

@@ -44,6 +44,7 @@ mod repair;
 mod replication;
 mod resend;
 pub mod resync;
+pub mod retry;
 mod room;
 mod spill;
 mod store;
@@ -57,6 +58,7 @@ pub use ops::TOMBSTONE_MS_DEFAULT;
 pub use outbound::authorization;
 pub use pop::{pop_loop, PopState, POPS_PER_TURN_MAX};
 pub use repair::{repair_loop, resend_deletes};
+pub use retry::retry_loop;
 pub use spill::SHARD_FULL;
 pub use store::Store;
 
@@ -91,6 +93,8 @@ pub struct Shard {
     pub resync: resync::Resync,
     /// The timer log (`[storage]`) and its flusher.
     pub durable: durable::Durable,
+    /// Pops with a delivery policy being retried or watched (issue 41).
+    pub retries: retry::Retries,
 }
 
 impl Shard {
@@ -114,6 +118,7 @@ impl Shard {
             pop: PopState::new(throttle),
             resync: resync::Resync::default(),
             durable: durable::Durable::default(),
+            retries: retry::Retries::default(),
             base: Base {
                 id,
                 shards,
@@ -134,6 +139,10 @@ impl Shard {
         // `chronos_pop_lateness_seconds`: due time to the first byte sent.
         let (stats, me) = (self.base.stats.clone(), self.base.id);
         self.outbound.client.set_sent(Box::new(move |key, at| {
+            if key.attempt > 1 {
+                // A retry: due at its back-off, not at the pop's time.
+                return;
+            }
             let due = clock::instant_of(key.due_ms);
             let late = at.saturating_duration_since(due);
             stats[me]
@@ -146,8 +155,10 @@ impl Shard {
         // the shard.
         let weak = Rc::downgrade(self);
         self.outbound.client.set_wanted(Box::new(move |key| {
-            weak.upgrade()
-                .is_none_or(|s| s.pop.is_wanted(key.unique, key.version))
+            weak.upgrade().is_none_or(|s| match key.attempt {
+                0 | 1 => s.pop.is_wanted(key.unique, key.version),
+                _ => s.retries.is_wanted((key.unique, key.sequence), key.version),
+            })
         }));
     }
 
@@ -158,6 +169,8 @@ impl Shard {
     pub fn set_cluster(&self, cluster: &Cluster) {
         self.outbound.set_peers(cluster);
         self.timers.view.set(cluster);
+        // A joiner watches the pops being retried from now on.
+        self.report_owned();
     }
 
     /// Whether any other node exists: only then are there replicas to

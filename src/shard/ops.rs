@@ -5,7 +5,7 @@
 use super::conflict::{self, Source};
 use super::error::OpError;
 use super::mesh::{MeshMsg, Reply};
-use super::replication::body_of;
+use super::replication::{body_of, ext_of, TOMBSTONE};
 use super::view::Placement;
 use super::Shard;
 use crate::cluster::acks::Ticket;
@@ -14,6 +14,7 @@ use crate::cluster::{address_bloom, NODES_MAX};
 use crate::runtime::clock;
 use crate::stats::ShardStats;
 use crate::timer::spec::TAGS_MAX;
+use crate::timer::timing::{first_cursor, TimingKind, CURSOR_NONE};
 use crate::timer::{shard_of, view_fingerprint, Timer, TimerHead, TimerId, TimerSpec};
 use std::time::Duration;
 
@@ -55,7 +56,7 @@ impl Shard {
             pl.count <= factor_requested as usize,
             "placement caps the factor"
         );
-        TimerHead {
+        let mut head = TimerHead {
             id,
             start_ms: clock::now_ms_ceil(),
             version: self.timers.next_version_at(now_us),
@@ -68,7 +69,11 @@ impl Shard {
             factor_requested,
             site_index: 0,
             sites: self.base.resolved.sites.own_list(),
+        };
+        if spec.timing.is_some() {
+            timed_head(&mut head, spec);
         }
+        head
     }
 
     // ---- client operations (this node took the request) ----
@@ -165,7 +170,11 @@ impl Shard {
             + 6 * spec.uri.len()
             + 6 * spec.opaque.len()
             + 64 * spec.tags.len()
-            + 32 * pl.count;
+            + 32 * pl.count
+            + spec
+                .timing
+                .as_ref()
+                .map_or(0, |t| 64 + 6 * (t.text.len() + t.zone.len()));
         self.check_queued(pl, bytes)
     }
 
@@ -254,7 +263,7 @@ impl Shard {
         self.send_delete(&head, holders, replicas);
         self.outbound.replicator.acks().close_queueing();
         self.send_delete(&head, holders, self.without_me(holders) & !replicas);
-        self.send_to_sites(&head, ("", ""), &[]);
+        self.send_to_sites(&head, TOMBSTONE, &[]);
         self.replica_acked(id, ticket).await
     }
 
@@ -272,7 +281,7 @@ impl Shard {
                 n += 1;
             }
         }
-        self.send_replication(&cluster, head, ("", ""), &[], &names[..n], targets);
+        self.send_replication(&cluster, head, TOMBSTONE, &[], &names[..n], targets);
     }
 
     /// Every node of the current view that may hold a copy of `id`, as a
@@ -347,13 +356,20 @@ impl Shard {
         let cluster = self.timers.cluster();
         let (names, n) = pl.names(&cluster);
         let tags: Vec<(&str, u32)> = spec.tags.iter().map(|(t, c)| (t.as_ref(), *c)).collect();
-        let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
+        let ext = ext_of(&spec, &head);
+        let callback = (spec.uri.as_ref(), spec.opaque.as_ref(), &ext[..]);
         let targets = self.without_me(targets);
         let source = source_of(&spec);
         if targets != 0 {
             let sites = self.base.resolved.sites.names(head.sites);
             let mut body = body_of(&head, callback, &tags, &names[..n], &sites, cluster.view_id);
             body.only_newer = source == Source::PeerIfNewer;
+            // Another site's report of a pop's attempts: every replica
+            // here watches it.
+            body.attempt = spec
+                .replication
+                .as_ref()
+                .and_then(|r| r.attempt.as_deref().copied());
             self.send_body(head.id, &body, targets);
         }
         if pl.my_index.is_some() {
@@ -413,6 +429,11 @@ impl Shard {
             site_index: 0,
             sites: SITES_NONE,
         };
+        if let Some(start) = spec.timing.as_ref().and_then(|t| t.start_unix_ms) {
+            // An absolute start (issue 42): no drift by the transit.
+            // Bounded as a delta's start is, so no due time overflows.
+            head.start_ms = clock::unix_to_engine(start.clamp(0, i64::MAX / 4) as u64);
+        }
         let sites = &self.base.resolved.sites;
         if !r.sites.is_empty() {
             head.sites = sites.pack_names(r.sites.iter().map(|s| s.as_ref()));
@@ -457,6 +478,7 @@ impl Shard {
         );
         let unique = head.id.unique;
         let tombstone = spec.is_none_or(|s| s.is_tombstone());
+        self.watch_if_reported(&head, spec);
         let mut store = self.timers.store.borrow_mut();
         let existing = store
             .get(unique)
@@ -473,16 +495,9 @@ impl Shard {
         // Applied: a callback of another incarnation still waiting for its
         // lane is withdrawn (a delete or an update came after its pop).
         self.pop.replaced(unique, head.version);
+        let dropped = self.retries.drop_other_versions(unique, head.version);
         let timer = match spec {
-            Some(s) if !tombstone => {
-                let mut tags = [(0u32, 0u32); TAGS_MAX];
-                let n = if s.tags.is_empty() {
-                    0
-                } else {
-                    store.intern_tags(&s.tags, &mut tags)
-                };
-                Timer::new(head, &s.uri, &s.opaque, &tags[..n])
-            }
+            Some(s) if !tombstone => timer_in(&mut store, head, s),
             _ => Timer::new(head, "", "", &[]),
         };
         let stored_factor = existing
@@ -499,6 +514,9 @@ impl Shard {
         let placed = self.place(&mut store, timer, old.as_ref(), old_due);
         self.refresh_gauges(&store);
         drop(store);
+        if !dropped.is_empty() {
+            self.log_dropped(dropped);
+        }
         if let Some(due) = placed {
             self.pop.wake_if_before(due);
         }
@@ -576,7 +594,8 @@ impl Shard {
         }
         if timer.interval_ms == 0 {
             if let Some(o) = old {
-                timer.interval_ms = o.interval_ms;
+                // A cron timer's interval is its cursor, not a period.
+                timer.interval_ms = if o.is_cron() { 0 } else { o.interval_ms };
                 timer.repeat_for_ms = o.repeat_for_ms;
                 timer.set_replication_factor(o.replication_factor());
                 timer.set_factor_requested(o.factor_requested());
@@ -616,6 +635,73 @@ impl Shard {
             Some(Reply::Applied(r)) => r,
             _ => Err(OpError::new(503, "owning shard is unavailable")),
         }
+    }
+}
+
+/// `spec` as a timer record of `store` (its tags interned there).
+/// Inlined: the record is built in place, not returned through a copy.
+#[inline(always)]
+fn timer_in(store: &mut super::Store, head: TimerHead, s: &TimerSpec) -> Timer {
+    let mut tags = [(0u32, 0u32); TAGS_MAX];
+    let n = if s.tags.is_empty() {
+        0
+    } else {
+        store.intern_tags(&s.tags, &mut tags)
+    };
+    if s.delivery.is_none() && s.timing.is_none() {
+        return Timer::new(head, &s.uri, &s.opaque, &tags[..n]);
+    }
+    let ext = ext_of(s, &head);
+    Timer::with_ext(head, &s.uri, &s.opaque, &tags[..n], &ext)
+}
+
+/// A client's head for a timer with `at`, `start-at` or `cron` (issue
+/// 42): its start at the absolute instant (`Timing::start_unix_ms`, the
+/// operation's time being its version's), and a cron timer's first
+/// cursor.
+fn timed_head(head: &mut TimerHead, spec: &TimerSpec) {
+    let Some(t) = spec.timing.as_deref() else {
+        return;
+    };
+    let start_unix_ms = t.start_unix_ms((head.version / 1000) as i64, spec.interval_ms);
+    head.start_ms = clock::unix_to_engine(start_unix_ms.max(0) as u64);
+    if t.kind == TimingKind::Cron {
+        head.interval_ms = match t.to_ref(start_unix_ms).calendar() {
+            Ok((schedule, zone)) => {
+                first_cursor(&schedule, &zone, start_unix_ms, head.repeat_for_ms)
+            }
+            Err(_) => CURSOR_NONE,
+        };
+    }
+}
+
+impl Shard {
+    /// A replication body reporting a pop's attempts (`delivery-state`)
+    /// of a timer with a policy: watch the pop (`shard/retry`).
+    fn watch_if_reported(&self, head: &TimerHead, spec: Option<&TimerSpec>) {
+        let Some(s) = spec.filter(|s| !s.is_tombstone() && s.delivery.is_some()) else {
+            return;
+        };
+        let Some(a) = s
+            .replication
+            .as_ref()
+            .and_then(|r| r.attempt.as_deref().copied())
+        else {
+            return;
+        };
+        // The pop's own sequence: a resync entry's head carries the
+        // copy's, which may be later.
+        let pop_head = TimerHead {
+            sequence: a.sequence,
+            ..*head
+        };
+        let timer = self.timer_of_spec(pop_head, s);
+        self.watch_report(timer, a);
+    }
+
+    /// `spec` (live) as a timer record of this shard's store.
+    fn timer_of_spec(&self, head: TimerHead, spec: &TimerSpec) -> Timer {
+        timer_in(&mut self.timers.store.borrow_mut(), head, spec)
     }
 }
 

@@ -337,9 +337,11 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
     let logged = shard.durable.log().is_some();
     let skew = shard.base.resolved.config.timers.replica_skew_ms;
     for (due_ms, timer) in due.drain(..) {
-        if timer.is_tombstone() && shard.outbound.replicator.owes_tombstone(timer.unique) {
-            // Its delete is still queued for a member (issue 37): kept one
-            // more life, logged, so a restart sends it again.
+        if timer.is_tombstone() && shard.tombstone_owed(&timer) {
+            // Its delete is still queued for a member, or a member it was
+            // dropped for is owed a repair (issue 37): kept one more life,
+            // logged, so a restart or the repair sends it again.
+            ShardStats::add(&stats.tombstones_kept, 1);
             let until = now + shard.tombstone_life_ms(&timer);
             shard
                 .timers
@@ -369,7 +371,7 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
         // replicates, even when the next pop has been taken by then (a
         // callback slower than the interval).
         let mut popped = timer.share();
-        popped.sequence += 1;
+        popped.step(skew, || clock::engine_to_unix(now) as i64);
         pop.add_dispatched(due_ms, &timer, logged);
         // The store first: the callback's task may ask it at once whether
         // the callback is still wanted.
@@ -383,9 +385,12 @@ fn take_due(shard: &Rc<Shard>, now: u64, due: &mut Vec<(u64, Timer)>) {
 /// replica): at its next pop, or, after its final pop, as a tombstone one
 /// more life when there are peers (a stale message cannot bring it back).
 fn advance(shard: &Shard, now: u64, mut timer: Timer) {
-    timer.sequence += 1;
+    let skew = shard.base.resolved.config.timers.replica_skew_ms;
+    // A cron timer's cursor moves to its next occurrence, by the misfire
+    // rule after an outage (`timer/timing.rs`).
+    timer.step(skew, || clock::engine_to_unix(now) as i64);
     if timer.has_next_pop() {
-        let next = timer.next_pop_ms(shard.base.resolved.config.timers.replica_skew_ms);
+        let next = timer.next_pop_ms(skew);
         shard.timers.store.borrow_mut().insert_unlogged(next, timer);
     } else if shard.keeps_tombstones() {
         let tomb = timer.to_tombstone();
@@ -457,7 +462,7 @@ fn hold_back(shard: &Rc<Shard>, now: u64, late_ms: u64, target: u64, timer: Time
 }
 
 /// Whether another replica (or site) pops `timer` after this node.
-fn has_later_pop_elsewhere(shard: &Shard, timer: &Timer) -> bool {
+pub(super) fn has_later_pop_elsewhere(shard: &Shard, timer: &Timer) -> bool {
     let later_replica = timer.replica_index() as usize + 1 < timer.replication_factor() as usize;
     let sites = &shard.base.resolved.sites;
     let later_site =
@@ -515,7 +520,7 @@ fn dispatch(
                 job: Cell::new(Some(job)),
                 wake: Notify::default(),
             });
-            glommio::spawn_local(work(shard.clone(), worker)).detach();
+            crate::runtime::spawn::spawn_local(work(shard.clone(), worker)).detach();
         }
     }
 }
@@ -585,11 +590,15 @@ async fn run_callback(job: PopJob) {
     let (unique, version, sequence) = (popped.unique, popped.version, popped.sequence);
     let key = CallbackKey {
         unique,
+        bloom: popped.bloom,
         version,
         sequence,
         due_ms: scheduled_ms,
+        // A timer with a delivery policy: its first attempt.
+        attempt: u8::from(popped.delivery().is_some()),
     };
     let started = Instant::now();
+    let started_unix_ms = clock::unix_ms();
     let result = shard
         .outbound
         .client
@@ -597,6 +606,17 @@ async fn run_callback(job: PopJob) {
         .await;
     let stats = shard.base.my_stats();
     stats.record_callback_latency(started.elapsed().as_micros() as u64);
+    // A first attempt that never went out (no connection within the wait)
+    // is a late pop, left to the next replica as any other.
+    let waited_out = matches!(&result, Err(e) if e.waited_out);
+    if key.attempt == 1 && !waited_out {
+        count_outcome(stats, &result);
+        // Before the slot's drop logs the stored copy: the attempt's
+        // state is logged first.
+        shard.first_attempt_ended(popped, started_unix_ms, result);
+        drop(slot);
+        return;
+    }
     match result {
         Ok(()) => {
             ShardStats::add(&stats.callbacks_succeeded, 1);
@@ -620,6 +640,19 @@ async fn run_callback(job: PopJob) {
         }
     }
     drop(slot);
+}
+
+/// The callback counters for a pop with a delivery policy (its retries
+/// and given-up pops are counted by `shard/retry`).
+fn count_outcome(stats: &ShardStats, result: &Result<(), crate::http::client::RequestError>) {
+    let counter = match result {
+        Ok(()) => &stats.callbacks_succeeded,
+        Err(e) if e.withdrawn => &stats.callbacks_withdrawn,
+        Err(e) if e.refused => &stats.callbacks_refused,
+        Err(e) if e.waited_out => &stats.callbacks_deferred,
+        Err(_) => &stats.callbacks_failed,
+    };
+    ShardStats::add(counter, 1);
 }
 
 /// A failed callback drops this node's live copy (without replicating), so

@@ -11,14 +11,19 @@
 //! marked `only-newer`, so a receiver applies them only over an older
 //! version): every create, update and delete the dropped messages carried
 //! is among them, or was superseded. A pop's outcome is not sent (a lost
-//! pop replication costs a duplicate at worst).
+//! pop replication costs a duplicate at worst). Tombstones go first, in a
+//! scan of their own: a restarted peer's hand-off waits for the repair at
+//! most 15 s, and must not pop a deleted timer whose delete comes last.
 //!
 //! Bounds: the store is scanned in slices of [`SLICE`] entries, breathing
 //! between slices; the candidates of one slice (16 B each) are the only
 //! memory held; each send waits for room in the peer's queue ([`Room`]).
 //! The loop looks for marks every [`POLL`]. A peer's repairs back off
 //! (5 s, doubling to 10 min while they follow each other): one that
-//! refuses a message for good is not sent everything every window.
+//! refuses a message for good is not sent everything every window. A
+//! peer that asks for its hand-off (restarted, its pops waiting for what
+//! it is owed) has its repair due 5 s after the last at the latest
+//! (`shard/handoff.rs`).
 //!
 //! [`Replicator::take_repair`]: crate::cluster::replicate::Replicator::take_repair
 
@@ -49,8 +54,8 @@ pub async fn repair_loop(shard: Rc<Shard>) {
         }
         let peers = shard.outbound.replicator.take_repair();
         if peers != 0 {
-            repair(&shard, peers).await;
-            shard.outbound.replicator.repair_done(peers);
+            let completed = repair(&shard, peers).await;
+            shard.outbound.replicator.repair_done(completed);
         }
     }
 }
@@ -64,11 +69,12 @@ pub async fn repair_loop(shard: Rc<Shard>) {
 /// joiner popped deleted timers). Tombstones are few (they live one
 /// interval and the skews, unless owed), so this is a short scan.
 pub async fn resend_deletes(shard: Rc<Shard>) {
-    let queued = send_selected(&shard, |t| {
+    let (queued, _) = send_selected(&shard, |t| {
         // A client's delete (sequence 0), on one of the timer's replicas
-        // under the new view; whatever view it was stored under (versions
-        // decide, and it is sent only-newer).
-        if !t.is_tombstone() || t.sequence != 0 {
+        // under the new view, stored under any view (versions decide, and
+        // it is sent only-newer), if a delete: not the tombstone a
+        // non-replica or a former holder keeps for an update.
+        if !t.is_tombstone() || t.sequence != 0 || !shard.sent_across_views(t) {
             return 0;
         }
         let pl = shard.placement(t.unique, shard.resend_factor(t) as usize);
@@ -84,33 +90,62 @@ pub async fn resend_deletes(shard: Rc<Shard>) {
     }
 }
 
-/// Send every peer of `peers` (a mask) what this shard holds for it.
-async fn repair(shard: &Rc<Shard>, peers: u64) {
+/// Send every peer of `peers` (a mask, as taken) what this shard holds
+/// for it; `false` if a shutdown stopped it. The peers are found by
+/// identity as the scan goes (those with a repair running, under the peer
+/// order of the moment): a reload may re-index them meanwhile.
+async fn repair(shard: &Rc<Shard>, peers: u64) -> bool {
     assert!(peers != 0, "a repair has a peer");
     let names: Vec<String> = (0..64)
         .filter(|i| peers & (1u64 << i) != 0)
         .filter_map(|i| shard.outbound.replicator.address(i))
         .collect();
     tracing::info!(target: "chronos::replication", "shard {}: repairing {}: sending what this shard holds for it", shard.base.id, names.join(", "));
-    let queued = send_selected(shard, |t| {
-        shard.resend_targets_of(t).map_or(0, |(p, _)| p) & peers
-    })
-    .await;
+    let replicator = &shard.outbound.replicator;
+    let targets =
+        |t: &Timer| shard.resend_targets_of(t).map_or(0, |(p, _)| p) & replicator.repairing_mask();
+    // Deletes first, in a pass of their own: a restarted peer's hand-off
+    // waits at most 15 s, and a repair of a large store takes longer; the
+    // peer must not pop a deleted timer whose tombstone comes last.
+    let only = |tombstones: bool| {
+        move |t: &Timer| match t.is_tombstone() == tombstones {
+            true => targets(t),
+            false => 0,
+        }
+    };
+    let (deletes, scanned) = send_selected(shard, only(true)).await;
+    let (rest, completed) = match scanned {
+        true => send_selected(shard, only(false)).await,
+        false => (0, false),
+    };
+    let queued = deletes + rest;
     ShardStats::add(&shard.base.my_stats().replication_repaired, queued);
-    tracing::info!(target: "chronos::replication", "shard {}: repair of {} done", shard.base.id, names.join(", "));
+    match completed {
+        true => {
+            tracing::info!(target: "chronos::replication", "shard {}: repair of {} done", shard.base.id, names.join(", "))
+        }
+        false => {
+            tracing::info!(target: "chronos::replication", "shard {}: repair of {} stopped by the shutdown after {queued} messages", shard.base.id, names.join(", "))
+        }
+    }
+    completed
 }
 
 /// Scan the store in slices and send each timer to the peers `select`
 /// names for it (a mask; 0: none), as it now stands, `only-newer`,
-/// waiting for room in their queues. Returns the messages queued (until
-/// shutdown, if it comes first).
-async fn send_selected(shard: &Rc<Shard>, select: impl Fn(&Timer) -> u64) -> u64 {
+/// waiting for room in their queues. Returns the messages queued, and
+/// whether the scan ended (not stopped by a shutdown). The masks name
+/// peers by their place in the peer list: a slice whose sends a reload
+/// re-indexed (`peers_epoch`) is scanned again under the new list.
+async fn send_selected(shard: &Rc<Shard>, select: impl Fn(&Timer) -> u64) -> (u64, bool) {
     let mut room = Room::new(Who::Repair);
     let mut candidates: Vec<(u64, u64)> = Vec::with_capacity(SLICE);
     let (mut from, mut queued) = (Some(0usize), 0u64);
+    let replicator = &shard.outbound.replicator;
     while let Some(start) = from {
+        let epoch = replicator.peers_epoch();
         candidates.clear();
-        from = shard
+        let next = shard
             .timers
             .store
             .borrow()
@@ -120,17 +155,22 @@ async fn send_selected(shard: &Rc<Shard>, select: impl Fn(&Timer) -> u64) -> u64
                     candidates.push((t.unique, targets));
                 }
             });
+        let mut stale = false;
         for &(unique, targets) in &candidates {
-            if room
-                .wait(&shard.base.gate, &shard.outbound.replicator, targets)
-                .await
-                .is_err()
-            {
-                return queued;
+            let waited = room.wait(&shard.base.gate, replicator, targets).await;
+            if waited.is_err() {
+                return (queued, false);
+            }
+            stale = replicator.peers_epoch() != epoch;
+            if stale {
+                break;
             }
             queued += shard.resend_to(unique, targets, 0);
         }
+        if !stale {
+            from = next;
+        }
         bulk::breathe().await;
     }
-    queued
+    (queued, true)
 }

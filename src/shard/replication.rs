@@ -12,11 +12,33 @@ use crate::runtime::clock;
 use crate::timer::spec::TAGS_MAX;
 use crate::timer::{Timer, TimerHead, TimerId, TimerSpec};
 
+/// A timer's callback as a body carries it: URI, opaque data, extensions
+/// (`timer::extras`). All empty: a tombstone.
+pub(super) type Cb<'a> = (&'a str, &'a str, &'a [u8]);
+/// A tombstone's callback.
+pub(super) const TOMBSTONE: Cb<'static> = ("", "", &[]);
+
+/// A spec's extensions (`timer::extras`) for the incarnation `head`: no
+/// allocation without a delivery policy or a timing. A timing's start is
+/// the body's, or, for a client's operation, fixed from its version (the
+/// same instant `ops.rs` starts the head at).
+pub(super) fn ext_of(spec: &TimerSpec, head: &TimerHead) -> Vec<u8> {
+    let mut ext = Vec::new();
+    if let Some(d) = &spec.delivery {
+        d.push_ext(&mut ext);
+    }
+    if let Some(t) = &spec.timing {
+        let start_unix_ms = t.start_unix_ms((head.version / 1000) as i64, spec.interval_ms);
+        t.push_ext(&mut ext, start_unix_ms);
+    }
+    ext
+}
+
 /// The replication body of one incarnation, its start as seen from now
 /// (`replicas` empty: for another site; `sites` empty: none).
 pub(super) fn body_of<'a>(
     head: &TimerHead,
-    callback: (&'a str, &'a str),
+    callback: Cb<'a>,
     tags: &'a [(&'a str, u32)],
     replicas: &'a [&'a str],
     sites: &'a [&'a str],
@@ -37,17 +59,19 @@ pub(super) fn body_of<'a>(
         tags,
         start_time_unix_ms: None,
         only_newer: false,
+        ext: callback.2,
+        attempt: None,
     }
 }
 
 impl Shard {
     /// Queue the replication `PUT` of one incarnation to every peer in
-    /// `targets`. An empty `callback` (`("", "")`) is a tombstone.
+    /// `targets`. An empty `callback` ([`TOMBSTONE`]) is a tombstone.
     pub(super) fn send_replication(
         &self,
         cluster: &Cluster,
         head: &TimerHead,
-        callback: (&str, &str),
+        callback: Cb<'_>,
         tags: &[(&str, u32)],
         replicas: &[&str],
         targets: u64,
@@ -81,12 +105,7 @@ impl Shard {
     /// site in its list, as a body without `replicas` (that site places
     /// it among its own nodes). Only for what this site originates (a
     /// client operation, a pop), never for what another node or site sent.
-    pub(super) fn send_to_sites(
-        &self,
-        head: &TimerHead,
-        callback: (&str, &str),
-        tags: &[(&str, u32)],
-    ) {
+    pub(super) fn send_to_sites(&self, head: &TimerHead, callback: Cb<'_>, tags: &[(&str, u32)]) {
         if !self.sends_to_sites(head) {
             return;
         }
@@ -132,7 +151,8 @@ impl Shard {
         for (slot, (name, count)) in tags.iter_mut().zip(&spec.tags) {
             *slot = (name.as_ref(), *count);
         }
-        let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
+        let ext = ext_of(spec, head);
+        let callback = (spec.uri.as_ref(), spec.opaque.as_ref(), &ext[..]);
         if targets != 0 {
             self.send_replication(
                 &cluster,
@@ -229,7 +249,7 @@ impl Shard {
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = store.tag_pairs(t, &mut tags);
         let mut head = t.head();
-        let callback = (t.uri(), t.opaque());
+        let callback = (t.uri(), t.opaque(), t.ext());
         if targets != 0 {
             self.send_replication(
                 &cluster,

@@ -27,8 +27,11 @@
 //! that way; a successful pop's own replication lost in the crash costs
 //! a duplicate at worst), a tombstone on a node that is not a replica
 //! (a resync's, or the one a client's update answered here leaves, which
-//! must not reach the replicas as a delete), a timer logged under a view
-//! since replaced (placing it is the resync's), and, after a downtime
+//! must not reach the replicas as a delete), a live timer logged under a
+//! view since replaced (placing it is the resync's; a delete's tombstone
+//! whose ID names this node goes to its replicas under the view of now,
+//! as `resend_deletes` sends it after a reload, since a resync lists no
+//! tombstones: [`Shard::sent_across_views`]), and, after a downtime
 //! longer than the window, live timers (a peer may have let the
 //! tombstone of a delete made meanwhile expire). Each body also says
 //! `"only-newer": true`, and a receiver of this build applies it only
@@ -41,8 +44,13 @@
 //! ([`Shard::replication_late_ms_max`]), counted back from the newest
 //! change in the log (when the node was last seen working; no later than
 //! now). Bounds: one `(ID, version)` pair per timer changed in that
-//! window (16 B), dropped as it is sent; sends wait for room in the
-//! peers' queues ([`Room`]). A timer changed again since the start is
+//! window (16 B), shared by one pass per peer and per site of the view at
+//! start (so a peer that does not answer holds up no other; a peer a
+//! reload adds later gets the deletes from `resend_deletes`), freed when
+//! the last ends; each pass waits for room in its peer's queue
+//! ([`Room`]). Until a peer's pass ends, and what it queued is settled,
+//! a hand-off that peer asks for is not settled
+//! (`Replicator::resend_done`). A timer changed again since the start is
 //! skipped: that change replicated itself.
 //!
 //! What this cannot mend: a replica that pops the timer before this node
@@ -88,38 +96,72 @@ pub(super) fn recent(images: &[Image<'_>], window_ms: u64, now_us: u64) -> Vec<(
     out
 }
 
-/// Send every timer of `recent` again (see the module doc).
+/// Send every timer of `recent` again (see the module doc): one pass per
+/// peer and per site, each at the pace its own queue drains, so a peer
+/// that does not answer (a timeout per batch) holds up no other, and a
+/// restarted peer's hand-off waits only for what is sent to it.
 pub(super) async fn run(shard: Rc<Shard>, recent: Vec<(u64, u64)>) {
-    let (mut nodes, mut sites) = (Room::new(Who::Resend), Room::new(Who::Resend));
-    let (mut resent, mut pacer) = (0u64, bulk::Pacer::new());
-    for (unique, version) in recent {
-        if shard.base.gate.is_closing() {
-            break;
-        }
-        let Some((targets, site_slots)) = shard.resend_targets(unique, version) else {
-            continue;
-        };
-        let room = match nodes
-            .wait(&shard.base.gate, &shard.outbound.replicator, targets)
-            .await
-        {
-            Ok(()) => {
-                sites
-                    .wait(&shard.base.gate, &shard.outbound.sites_out, site_slots)
-                    .await
-            }
-            stop => stop,
-        };
-        if room.is_err() {
-            break;
-        }
-        pacer.restart();
-        let queued = shard.resend(unique, version);
-        ShardStats::add(&shard.base.my_stats().replication_resent, queued);
-        resent += queued;
-        pacer.tick().await;
+    let recent = Rc::new(recent);
+    let me = shard.timers.cluster().local_address.clone();
+    let nodes = shard.outbound.replicator.addresses();
+    let sites = shard.outbound.sites_out.addresses();
+    let passes: Vec<_> = (nodes.into_iter().filter(|a| *a != me))
+        .map(|a| (a, false))
+        .chain(sites.into_iter().map(|a| (a, true)))
+        .map(|(address, site)| {
+            let pass = pass(shard.clone(), recent.clone(), address, site);
+            crate::runtime::spawn::spawn_local(pass)
+        })
+        .collect();
+    let mut resent = 0u64;
+    for pass in passes {
+        resent += pass.await;
     }
     tracing::info!(target: "chronos::replication", "shard {}: re-sent {resent} replication messages for the changes logged before the start", shard.base.id);
+    shard.durable.resending.set(false);
+}
+
+/// The re-send to the peer (or the site, if `site`) at `address`: the
+/// messages queued. Ended by a shutdown, its peer is still owed it.
+async fn pass(shard: Rc<Shard>, recent: Rc<Vec<(u64, u64)>>, address: String, site: bool) -> u64 {
+    let out = match site {
+        true => &shard.outbound.sites_out,
+        false => &shard.outbound.replicator,
+    };
+    let mut room = Room::new(Who::Resend);
+    let (mut resent, mut pacer) = (0u64, bulk::Pacer::new());
+    for &(unique, version) in recent.iter() {
+        if shard.base.gate.is_closing() {
+            return resent;
+        }
+        // Its place may change with a reload; gone, it is owed nothing
+        // (and the rest of the list is not scanned for it).
+        let Some(place) = out.index_of(&address) else {
+            break;
+        };
+        let Some(mask) = shard.resend_mask(unique, version, place, site) else {
+            // Most of the list may be skipped: it must breathe too.
+            pacer.tick().await;
+            continue;
+        };
+        if room.wait(&shard.base.gate, out, mask).await.is_err() {
+            return resent;
+        }
+        pacer.restart();
+        // Looked up again: the wait may have seen a change or a reload.
+        let place = out.index_of(&address);
+        if let Some(mask) = place.and_then(|i| shard.resend_mask(unique, version, i, site)) {
+            let queued = match site {
+                true => shard.resend_to(unique, 0, mask),
+                false => shard.resend_to(unique, mask, 0),
+            };
+            ShardStats::add(&shard.base.my_stats().replication_resent, queued);
+            resent += queued;
+        }
+        pacer.tick().await;
+    }
+    out.resend_done(&address);
+    resent
 }
 
 impl Shard {
@@ -136,24 +178,64 @@ impl Shard {
         late_ms_max
     }
 
-    /// Where a re-send of `unique` goes: the peers (a mask over the
-    /// nodes) and the other sites (a mask over the site slots), or `None`
-    /// when it is gone or changed since `version` was logged.
-    fn resend_targets(&self, unique: u64, version: u64) -> Option<(u64, u64)> {
+    /// Whether a re-send of `unique` goes to the peer (or, if `site`, the
+    /// site) at `place` in the peer order of now: its bit, or `None` when
+    /// it does not, or the timer is gone or changed since `version` was
+    /// logged.
+    fn resend_mask(&self, unique: u64, version: u64, place: usize, site: bool) -> Option<u64> {
+        let bit = 1u64.checked_shl(u32::try_from(place).ok()?)?;
         let store = self.timers.store.borrow();
         let (_, t) = store.get(unique)?;
         if t.version != version {
             return None;
         }
-        self.resend_targets_of(t)
+        let (peers, slots) = self.resend_targets_of(t)?;
+        let targets = if site { slots } else { peers };
+        (targets & bit != 0).then_some(bit)
+    }
+
+    /// Whether tombstone `t` must outlive its life: the re-send at start
+    /// has not yet queued what the log held, its delete is still queued
+    /// for a member, or a member it would be sent to by a repair is owed
+    /// one (the delete may have been dropped at a full queue).
+    /// Such tombstones are held while the member stays down and marked;
+    /// the store's bound (`timers-per-shard-max`) bounds them.
+    pub(super) fn tombstone_owed(&self, t: &crate::timer::Timer) -> bool {
+        let replicator = &self.outbound.replicator;
+        // Any peer owed a repair at all (`u64::MAX`) before the placement
+        // is worked out.
+        self.durable.resending.get()
+            || replicator.owes_tombstone(t.unique)
+            || replicator.owes_repair(u64::MAX)
+                && self
+                    .resend_targets_of(t)
+                    .is_some_and(|(peers, _)| replicator.owes_repair(peers))
+    }
+
+    /// Whether `t` may be sent again although it was stored under a view
+    /// since replaced (a reload, or a restart with a new member list). A
+    /// live copy is not: placing it under the new view is the resync's. A
+    /// delete's tombstone is, placed under the view of now: a resync lists
+    /// no tombstones, and one a down replica is owed must be held and
+    /// repaired across a reload, or the replica, back from its log, pops
+    /// the deleted timer. Only one whose ID names this node, though (a
+    /// delete taken as one of the timer's replicas): a non-replica that
+    /// answered a client's update, or a former holder, keeps a tombstone
+    /// of the update's own version, which must not reach a replica that
+    /// missed the update as a delete.
+    pub(super) fn sent_across_views(&self, t: &crate::timer::Timer) -> bool {
+        if t.view == self.timers.view() {
+            return true;
+        }
+        let cluster = self.timers.cluster();
+        let named = |i: usize| cluster.node_at(i).bloom & !t.bloom == 0;
+        t.is_tombstone() && cluster.local_peer().is_some_and(named)
     }
 
     /// Where `t`, as it stands, is sent again (by a re-send or a repair),
     /// or `None` if it is not.
     pub(super) fn resend_targets_of(&self, t: &crate::timer::Timer) -> Option<(u64, u64)> {
-        // A copy logged under a view since replaced (a reload while down)
-        // is not sent: placing it under the new view is the resync's.
-        if t.view != self.timers.view() {
+        if !self.sent_across_views(t) {
             return None;
         }
         if t.sequence != 0 {
@@ -187,16 +269,6 @@ impl Shard {
         }
     }
 
-    /// Queue `unique` as it now stands, marked `only-newer`, for its other
-    /// replicas and, if this site originated it, the other sites. Returns
-    /// the messages queued.
-    fn resend(&self, unique: u64, version: u64) -> u64 {
-        let Some((targets, site_slots)) = self.resend_targets(unique, version) else {
-            return 0;
-        };
-        self.resend_to(unique, targets, site_slots)
-    }
-
     /// Queue `unique` as it now stands, marked `only-newer`, for the peers
     /// in `targets` and the sites in `site_slots`. Returns the messages
     /// queued.
@@ -211,7 +283,7 @@ impl Shard {
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = store.tag_pairs(t, &mut tags);
         let head = t.head();
-        let callback = (t.uri(), t.opaque());
+        let callback = (t.uri(), t.opaque(), t.ext());
         let sites = self.base.resolved.sites.names(head.sites);
         let tags = &tags[..tag_count];
         let mut body = body_of(&head, callback, tags, &names[..n], &sites, cluster.view_id);

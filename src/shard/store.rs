@@ -91,6 +91,15 @@ impl Store {
     /// Store a recovered timer (already in the log), at its due time in
     /// engine time.
     pub fn recover(&mut self, image: &Image<'_>) {
+        let timer = self.timer_of_image(image);
+        // Replay keeps one incarnation per ID, and recovery fills an empty
+        // store: no ID comes twice (`insert_unlogged` debug-asserts it).
+        self.insert_unlogged(clock::unix_to_engine(image.due_unix_ms), timer);
+    }
+
+    /// A logged timer as a record of this store (tags interned here),
+    /// its start in engine time.
+    pub fn timer_of_image(&mut self, image: &Image<'_>) -> Timer {
         let mut head = image.head;
         head.start_ms = clock::unix_to_engine(head.start_ms);
         let mut named: [(Cow<'_, str>, u32); TAGS_MAX] = Default::default();
@@ -101,10 +110,7 @@ impl Store {
         }
         let mut tags = [(0u32, 0u32); TAGS_MAX];
         let n = self.intern_tags(&named[..n], &mut tags);
-        let timer = Timer::new(head, image.uri, image.opaque, &tags[..n]);
-        // Replay keeps one incarnation per ID, and recovery fills an empty
-        // store: no ID comes twice (`insert_unlogged` debug-asserts it).
-        self.insert_unlogged(clock::unix_to_engine(image.due_unix_ms), timer);
+        Timer::with_ext(head, image.uri, image.opaque, &tags[..n], image.ext)
     }
 
     /// Encode `timer` (due at `due_ms`) into a snapshot.
@@ -371,7 +377,9 @@ impl Store {
 fn image_of(due_ms: u64, t: &Timer) -> Image<'_> {
     let mut head = t.head();
     head.start_ms = clock::engine_to_unix(head.start_ms);
-    Image::new(clock::engine_to_unix(due_ms), head, t.uri(), t.opaque())
+    let mut image = Image::new(clock::engine_to_unix(due_ms), head, t.uri(), t.opaque());
+    image.ext = t.ext();
+    image
 }
 
 /// Slab indices an insert checks while the index is growing: a growth that

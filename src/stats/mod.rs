@@ -2,7 +2,10 @@
 //! relaxed atomics; `/metrics` sums the blocks at scrape time. No lock is
 //! taken on the hot path.
 
+mod delivery;
 mod queue;
+
+pub use delivery::{DELIVERY_TAGS_MAX, DELIVERY_TAG_OTHER, RETRY_DELAY_BOUNDS_US};
 
 pub use queue::{Reject, Stage};
 use std::fmt::Write;
@@ -163,6 +166,13 @@ macro_rules! counters {
             /// configuration or the cluster (a missing output topic, no
             /// right to write it): publishes are retried meanwhile.
             pub queue_output_blocked: std::sync::atomic::AtomicBool,
+            /// The delay before each retry of a pop with a delivery policy.
+            pub retry_delay: Histogram,
+            /// Attempts and given-up pops of timers with a delivery policy,
+            /// per statistics tag (at most [`DELIVERY_TAGS_MAX`] names; the
+            /// rest under [`DELIVERY_TAG_OTHER`]). Locked only by its shard
+            /// after an attempt of such a timer, and by a scrape.
+            pub delivery_by_tag: std::sync::Mutex<std::collections::HashMap<String, [u64; 2]>>,
             /// Callback latency ([`LATENCY_BOUNDS_US`], as the ones below).
             pub callback_latency: Histogram,
             /// Queue lateness (publish acknowledged minus deadline) histogram.
@@ -238,6 +248,13 @@ counters! {
     replication_received: "Replication messages applied from other nodes.",
     replication_stale: "Replication messages ignored by the conflict rules (an older version).",
     tombstones_expired: "Tombstones that lived out their interval.",
+    tombstones_kept: "Tombstones kept one more life at the end of theirs because a member is still owed their delete (queued for it, owed a repair, or the re-send at start still running). Growing while a member is down; a member that stays down for good should leave the cluster.",
+    delivery_attempts: "Callback attempts of timers with a delivery policy (callback.retry or callback.dead-letter), the first included.",
+    delivery_retried_delivered: "Pops with a delivery policy delivered after at least one failed attempt.",
+    delivery_given_up: "Pops with a delivery policy given up: attempts spent, past give-up-after, or refused by the target (each then goes to its dead-letter target, if it has one).",
+    delivery_book_full: "Pops given up at once because the shard's retry book was full (65,536 pops being retried or watched).",
+    dead_letters_sent: "Given-up pops their dead-letter target answered with a 2xx.",
+    dead_letters_failed: "Given-up pops whose dead-letter POST failed too (logged).",
     throttled: "Client requests refused with 503 by the token bucket ([throttling]).",
     internal_refused: "Internal (replication, cross-site, resync) and admin (/cluster, /resync, /metrics) requests refused with 403 for a missing or wrong shared secret.",
     site_received: "Timers, pops and deletes received from other sites (GR).",
@@ -501,14 +518,24 @@ pub fn render(shards: &[ShardStats], tags: &[(String, i64)], sites: &[String], o
     queue_stages(out, shards);
     storage_metrics(out, shards);
     operator_metrics(out, shards);
+    tag_gauges(out, tags);
+    delivery::render(out, shards);
+}
+
+/// `chronos_tag_count`, one series per tag.
+fn tag_gauges(out: &mut String, tags: &[(String, i64)]) {
     let _ = writeln!(out, "# HELP chronos_tag_count Live timers per statistics tag, times the tag's count.\n# TYPE chronos_tag_count gauge");
     for (tag, value) in tags {
-        let escaped = tag
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n");
+        let escaped = escape_label(tag);
         let _ = writeln!(out, "chronos_tag_count{{tag=\"{escaped}\"}} {value}");
     }
+}
+
+/// A label value as Prometheus's text format writes it.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// The histograms an operator watches first, and what is running.
@@ -664,94 +691,4 @@ fn histogram(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A reader on another thread never sees every run finished with the
-    /// state still "running" (it did when the state was read first).
-    #[test]
-    fn resync_progress_never_reports_running_once_every_run_finished() {
-        let stats = std::sync::Arc::new(ShardStats::default());
-        let writer = stats.clone();
-        let runs = 200_000;
-        let t = std::thread::spawn(move || {
-            for _ in 0..runs {
-                writer.resync_begin();
-                writer.resync_end(RESYNC_COMPLETE);
-            }
-        });
-        let mut torn = 0;
-        while !t.is_finished() {
-            let (state, started, finished) = stats.resync_progress();
-            assert!(finished <= started, "{finished} finished of {started}");
-            torn += usize::from(finished == started && state == RESYNC_RUNNING as usize);
-        }
-        t.join().unwrap();
-        assert_eq!(
-            torn, 0,
-            "reads with every run finished and the state running"
-        );
-        assert_eq!(
-            stats.resync_progress(),
-            (RESYNC_COMPLETE as usize, runs, runs)
-        );
-    }
-
-    /// A scrape never shows every run started finished with the state
-    /// still "running" (it could: the runs counter, the state and the
-    /// finished gauge were read at three moments in any order).
-    #[test]
-    fn a_scrape_never_shows_running_once_every_run_finished() {
-        use std::sync::atomic::AtomicBool;
-        let shards = std::sync::Arc::new([ShardStats::default()]);
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let (writer, stopped) = (shards.clone(), stop.clone());
-        let t = std::thread::spawn(move || {
-            while !stopped.load(Relaxed) {
-                writer[0].resync_begin();
-                writer[0].resync_end(RESYNC_COMPLETE);
-            }
-        });
-        let value = |text: &str, name: &str| -> u64 {
-            let line = text.lines().find(|l| l.starts_with(name)).unwrap();
-            line[name.len()..].parse().unwrap()
-        };
-        let (mut torn, mut out) = (0, String::new());
-        for _ in 0..4_000 {
-            out.clear();
-            render(&shards[..], &[], &[], &mut out);
-            let started = value(&out, "chronos_resync_runs_total ");
-            let state = value(&out, "chronos_resync_state ");
-            let finished = value(&out, "chronos_resync_finished_runs ");
-            assert!(finished <= started, "{finished} finished of {started}");
-            torn += usize::from(finished == started && state == RESYNC_RUNNING as u64);
-        }
-        stop.store(true, Relaxed);
-        t.join().unwrap();
-        assert_eq!(torn, 0, "scrapes with every run finished and running");
-    }
-
-    #[test]
-    fn a_histogram_counts_by_le_and_renders_cumulative_buckets() {
-        let bounds = [10, 100];
-        let (a, b) = (Histogram::default(), Histogram::default());
-        for us in [0, 10, 11, 100, 101, 5_000] {
-            a.record(&bounds, us);
-        }
-        b.record(&bounds, 50);
-        let mut out = String::new();
-        series(&mut out, "x_seconds", "k=\"v\"", &bounds, [&a, &b]);
-        assert_eq!(
-            out,
-            "x_seconds_bucket{k=\"v\",le=\"0.00001\"} 2\n\
-             x_seconds_bucket{k=\"v\",le=\"0.0001\"} 5\n\
-             x_seconds_bucket{k=\"v\",le=\"+Inf\"} 7\n\
-             x_seconds_sum{k=\"v\"} 0.005272\n\
-             x_seconds_count{k=\"v\"} 7\n"
-        );
-        let mut out = String::new();
-        series(&mut out, "y", "", &bounds, [&b]);
-        assert!(out.starts_with("y_bucket{le=\"0.00001\"} 0\n"), "{out}");
-        assert!(out.ends_with("y_sum 0.00005\ny_count 1\n"), "{out}");
-    }
-}
+mod tests;

@@ -4,12 +4,23 @@
 //! [`Log::remove`]) without waiting; one flusher task per shard writes
 //! what has gathered as one batch at a fresh block boundary of the
 //! current segment (`DmaFile`, O_DIRECT, its own aligned buffer, so a
-//! durable block is never rewritten), then `fdatasync`s it. One sync is in
-//! flight at a time; the next starts as soon as it ends. Requests wait for
-//! [`Log::durable`] of their change: with `sync = "batch"` until its batch
-//! is synced; with `"none"` until it is written (O_DIRECT: it has left the
-//! process, so a crash of the process alone loses nothing answered), the
-//! sync following within `group-commit-us`.
+//! durable block is never rewritten). Requests wait for [`Log::durable`]
+//! of their change:
+//! - `sync = "batch"`: until its batch is written and `fdatasync`ed. Up
+//!   to [`IN_FLIGHT_MAX`] batches are on their way at once, each its own
+//!   write then sync, so the next batch is written while the sync before
+//!   it is still running; a batch counts as durable only once every batch
+//!   before it is too (a crash may leave the older of two torn and the
+//!   newer whole: recovery cuts both, `tail.rs`);
+//! - `"none"`: until its batch is written (it has left the process, so a
+//!   crash of the process alone loses nothing answered), the `fdatasync`
+//!   following within `group-commit-us`.
+//!
+//! Segments are filled with zeros when created rather than `fallocate`d:
+//! a write into unwritten extents makes each sync write the inode's
+//! extent changes as well, a write over zeros is data alone. The next
+//! segment is made while the current one fills (`spare.rs`), so a
+//! rotation is a rename rather than a segment's worth of writes.
 //!
 //! Bounds: `pending-bytes-max` of records not yet written (beyond it
 //! [`Log::has_room`] is false: clients get 503, pops wait); waiters are
@@ -18,10 +29,12 @@
 use super::config::{StorageConfig, SyncMode};
 use super::record::{self, Image, BLOCK_BYTES};
 use super::segment_name;
+use super::spare::{self, Spare};
 use crate::runtime::notify::Notify;
 use crate::stats::ShardStats;
 use glommio::io::{DmaFile, OpenOptions};
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -46,9 +59,10 @@ pub struct Resume {
 
 /// The flusher's file: the current segment.
 struct Segment {
-    file: DmaFile,
+    /// Shared with the writes in flight.
+    file: Rc<DmaFile>,
     /// Its path (named in errors).
-    path: PathBuf,
+    path: Rc<std::path::Path>,
     /// Where the next batch goes (a block boundary).
     offset: u64,
 }
@@ -78,6 +92,9 @@ pub struct Log {
     snapshot_bytes: Cell<u64>,
     /// Wakes the compaction task when the log has outgrown its snapshot.
     pub compact: Notify,
+    /// The next segment, being made ready (`spare.rs`); `None` before the
+    /// flusher starts and after it ends.
+    spare: RefCell<Option<Spare>>,
     stats: Arc<[ShardStats]>,
     shard: usize,
 }
@@ -108,6 +125,7 @@ impl Log {
             since_snapshot_bytes: Cell::new(resume.since_snapshot_bytes),
             snapshot_bytes: Cell::new(0),
             compact: Notify::default(),
+            spare: RefCell::new(None),
             stats,
             shard,
         })
@@ -115,6 +133,12 @@ impl Log {
 
     fn my_stats(&self) -> &ShardStats {
         &self.stats[self.shard]
+    }
+
+    /// Start making the next segment ready (a rotation takes it).
+    fn start_spare(&self) {
+        let spare = Spare::start(&self.dir, self.cfg.segment_bytes);
+        *self.spare.borrow_mut() = Some(spare);
     }
 
     fn next(&self) -> u64 {
@@ -135,6 +159,24 @@ impl Log {
         self.stopped()?;
         let lsn = self.next();
         record::put(&mut self.pending.borrow_mut(), lsn, image, tags);
+        self.appended();
+        Ok(lsn)
+    }
+
+    /// Append a DELIVERY (one pop's attempts, `record::delivery`); returns
+    /// its LSN, or why not (as `put`).
+    pub fn delivery<'t>(
+        &self,
+        state: &crate::timer::spec::AttemptState,
+        owned: bool,
+        image: &Image<'_>,
+        tags: impl Iterator<Item = (&'t str, u32)>,
+    ) -> Result<u64, String> {
+        self.stopped()?;
+        let lsn = self.next();
+        let mut pending = self.pending.borrow_mut();
+        record::delivery(&mut pending, lsn, state, owned, image, tags);
+        drop(pending);
         self.appended();
         Ok(lsn)
     }
@@ -321,12 +363,213 @@ impl Future for Durable<'_> {
 /// The flusher: one per shard, until [`Log::close`]; writes what is left
 /// before it ends.
 pub async fn flusher(log: Rc<Log>, resume: Resume) {
-    let mut segment = match open_segment(&log, &resume).await {
+    let segment = match open_segment(&log, &resume).await {
         Ok(s) => s,
         Err(e) => return log.fail(e),
     };
+    log.start_spare();
+    match log.cfg.sync {
+        SyncMode::Batch => flush_overlapped(log.clone(), segment).await,
+        SyncMode::None => flush_unsynced(log.clone(), segment).await,
+    }
+    // A spare still being made is dropped, which cancels it (recovery
+    // removes what it left).
+    log.spare.borrow_mut().take();
+}
+
+/// Write batches in flight at once with `sync = "batch"`. Two: the next
+/// batch is written while the `fdatasync` of the one before runs, and
+/// recovery has one case more to tell from corruption (the older torn,
+/// the newer whole: `tail.rs`); more would widen that to every batch
+/// still in flight.
+pub const IN_FLIGHT_MAX: usize = 2;
+
+/// A batch on its way to disk, not yet counted durable.
+struct InFlight {
+    /// Its first and last LSNs.
+    first_lsn: u64,
+    last_lsn: u64,
+    /// Its write task's progress.
+    state: Rc<Progress>,
+}
+
+/// How far a batch's write task has come: set by the task, read by the
+/// flusher (each change wakes it).
+#[derive(Default)]
+struct Progress {
+    /// The write has ended (its `fdatasync` may be running).
+    written: Cell<bool>,
+    /// The sync has ended too, or either failed.
+    done: RefCell<Option<Result<(), String>>>,
+}
+
+/// `sync = "batch"`: batches written and synced, up to [`IN_FLIGHT_MAX`]
+/// at once, counted durable in order.
+async fn flush_overlapped(log: Rc<Log>, mut segment: Segment) {
+    let mut flight: VecDeque<InFlight> = VecDeque::with_capacity(IN_FLIGHT_MAX);
     let mut batch: Vec<u8> = Vec::with_capacity(log.cfg.group_commit_bytes);
-    // `sync = "none"`: when the oldest write not yet synced was made.
+    loop {
+        if let Err(e) = retire(&log, &mut flight) {
+            return log.fail(e);
+        }
+        let idle = log.pending.borrow().is_empty();
+        // The next batch goes once the one before has been written: while
+        // that write runs, more changes join the next batch.
+        let room =
+            flight.len() < IN_FLIGHT_MAX && flight.back().is_none_or(|b| b.state.written.get());
+        if !idle && room {
+            gather(&log).await;
+            if let Err(e) = launch(&log, &mut segment, &mut flight, &mut batch).await {
+                return log.fail(e);
+            }
+            continue;
+        }
+        if idle && flight.is_empty() && log.closed.get() {
+            break;
+        }
+        // An append or a write's end wakes the flusher.
+        log.wake.wait().await;
+    }
+    log.wake_waiters();
+}
+
+/// Count the written batches at the front of `flight` durable, in order.
+fn retire(log: &Log, flight: &mut VecDeque<InFlight>) -> Result<(), String> {
+    let mut moved = false;
+    while let Some(front) = flight.front() {
+        let Some(result) = front.state.done.borrow_mut().take() else {
+            break;
+        };
+        result?;
+        log.written_lsn.set(front.last_lsn);
+        log.durable_lsn.set(front.last_lsn);
+        flight.pop_front();
+        moved = true;
+    }
+    if moved {
+        log.wake_waiters();
+        if log.wants_snapshot() {
+            log.compact.notify();
+        }
+    }
+    Ok(())
+}
+
+/// Wait until every batch in flight is durable (before a segment ends).
+async fn drain(log: &Log, flight: &mut VecDeque<InFlight>) -> Result<(), String> {
+    loop {
+        retire(log, flight)?;
+        if flight.is_empty() {
+            return Ok(());
+        }
+        log.wake.wait().await;
+    }
+}
+
+/// Take what is pending as one batch and start its write: its COMMIT
+/// names the first LSN of the batch still in flight, if one is (what
+/// recovery needs to tell a torn pair from corruption), else 0.
+async fn launch(
+    log: &Rc<Log>,
+    segment: &mut Segment,
+    flight: &mut VecDeque<InFlight>,
+    batch: &mut Vec<u8>,
+) -> Result<(), String> {
+    std::mem::swap(&mut *log.pending.borrow_mut(), batch);
+    let last_lsn = log.last_lsn();
+    let first_lsn = record::first_lsn(batch);
+    if segment.offset > 0 && segment.offset + sealed_len(batch) > segment_room(log) {
+        drain(log, flight).await?;
+        *segment = rotate(log, segment, first_lsn).await?;
+    }
+    let overlaps = flight.back().map_or(0, |b| b.first_lsn);
+    record::commit(batch, 0, overlaps);
+    let crc = record::stamp(batch, log.last_crc.get(), first_lsn);
+    let mut buf = segment.file.alloc_dma_buffer(batch.len());
+    buf.as_bytes_mut().copy_from_slice(batch);
+    log.last_crc.set(crc);
+    count_written(log, batch.len() as u64);
+    let state = Rc::new(Progress::default());
+    let write = segment_write(segment, buf, log.clone(), state.clone());
+    crate::runtime::spawn::spawn_local(write).detach();
+    segment.offset += batch.len() as u64;
+    batch.clear();
+    flight.push_back(InFlight {
+        first_lsn,
+        last_lsn,
+        state,
+    });
+    Ok(())
+}
+
+/// A batch's size once its COMMIT pads it to a block.
+fn sealed_len(batch: &[u8]) -> u64 {
+    (batch.len() + record::HEADER_BYTES).next_multiple_of(BLOCK_BYTES) as u64
+}
+
+/// Where a segment's last data batch must end: a block is kept for its SEAL.
+fn segment_room(log: &Log) -> u64 {
+    log.cfg.segment_bytes.saturating_sub(BLOCK_BYTES as u64)
+}
+
+/// The write of one batch at the segment's offset, then an `fdatasync`
+/// (it covers every write to the segment that ended before it): when it
+/// ends the batch is on disk (or the error says why not). It tells
+/// `state` when the write and when the sync has ended, and wakes the
+/// flusher each time.
+fn segment_write(
+    segment: &Segment,
+    buf: glommio::io::DmaBuffer,
+    log: Rc<Log>,
+    state: Rc<Progress>,
+) -> impl Future<Output = ()> + 'static {
+    let (file, path, at) = (segment.file.clone(), segment.path.clone(), segment.offset);
+    async move {
+        let len = buf.len();
+        let wrote = match file.write_at(buf, at).await {
+            Ok(n) if n == len => Ok(()),
+            Ok(n) => Err(format!(
+                "short write {} at offset {at}: {n} of {len} bytes",
+                path.display()
+            )),
+            Err(e) => Err(format!("write {} at offset {at}: {e}", path.display())),
+        };
+        let stats = log.my_stats();
+        let started = Instant::now();
+        let result = match wrote {
+            Ok(()) => {
+                ShardStats::add(&stats.storage_bytes, len as u64);
+                state.written.set(true);
+                log.wake.notify();
+                (file.fdatasync().await).map_err(|e| format!("fdatasync {}: {e}", path.display()))
+            }
+            Err(e) => Err(e),
+        };
+        if result.is_ok() {
+            stats.record_storage_sync(started.elapsed());
+            ShardStats::add(&stats.storage_syncs, 1);
+        }
+        *state.done.borrow_mut() = Some(result);
+        log.wake.notify();
+    }
+}
+
+/// The log's size since the snapshot grew by a written batch.
+fn count_written(log: &Log, bytes: u64) {
+    log.since_snapshot_bytes
+        .set(log.since_snapshot_bytes.get() + bytes);
+    log.my_stats().storage_log_bytes.store(
+        log.since_snapshot_bytes.get() as i64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// `sync = "none"`: one write at a time, each answered once written;
+/// `fdatasync` once `group-commit-us` has passed since the oldest write
+/// not yet synced.
+async fn flush_unsynced(log: Rc<Log>, mut segment: Segment) {
+    let mut batch: Vec<u8> = Vec::with_capacity(log.cfg.group_commit_bytes);
+    // When the oldest write not yet synced was made.
     let mut unsynced_since: Option<Instant> = None;
     loop {
         if log.pending.borrow().is_empty() {
@@ -349,8 +592,7 @@ pub async fn flusher(log: Rc<Log>, resume: Resume) {
         std::mem::swap(&mut *log.pending.borrow_mut(), &mut batch);
         let last = log.last_lsn();
         let window = Duration::from_micros(log.cfg.group_commit_us);
-        let sync = log.cfg.sync == SyncMode::Batch
-            || unsynced_since.is_some_and(|since| since.elapsed() >= window);
+        let sync = unsynced_since.is_some_and(|since| since.elapsed() >= window);
         let wrote = write_batch(&log, &mut segment, &mut batch, sync).await;
         batch.clear();
         if let Err(e) = wrote {
@@ -411,8 +653,8 @@ async fn gather(log: &Log) {
     }
 }
 
-/// Write one batch (ended by its COMMIT), and sync it if `sync`; rotate
-/// to a new segment first when it would not fit.
+/// `sync = "none"`: write one batch (ended by its COMMIT), and sync it
+/// if `sync`; rotate to a new segment first when it would not fit.
 async fn write_batch(
     log: &Log,
     segment: &mut Segment,
@@ -421,8 +663,7 @@ async fn write_batch(
 ) -> Result<(), String> {
     let first_lsn = record::first_lsn(batch);
     record::commit(batch, 0, 0);
-    let room = log.cfg.segment_bytes.saturating_sub(BLOCK_BYTES as u64);
-    if segment.offset > 0 && segment.offset + batch.len() as u64 > room {
+    if segment.offset > 0 && segment.offset + batch.len() as u64 > segment_room(log) {
         *segment = rotate(log, segment, first_lsn).await?;
     }
     let crc = record::stamp(batch, log.last_crc.get(), first_lsn);
@@ -431,19 +672,16 @@ async fn write_batch(
         sync_segment(log, segment).await?;
     }
     log.last_crc.set(crc);
-    log.since_snapshot_bytes
-        .set(log.since_snapshot_bytes.get() + batch.len() as u64);
-    let stats = log.my_stats();
-    stats.storage_log_bytes.store(
-        log.since_snapshot_bytes.get() as i64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    count_written(log, batch.len() as u64);
     Ok(())
 }
 
 /// Write `bytes` (whole blocks) at the segment's offset.
 async fn write_at(log: &Log, segment: &mut Segment, bytes: &[u8]) -> Result<(), String> {
-    assert!(bytes.len().is_multiple_of(BLOCK_BYTES), "whole blocks");
+    assert!(
+        bytes.len().is_multiple_of(BLOCK_BYTES),
+        "batches are padded to whole blocks by their COMMIT or SEAL"
+    );
     let mut buf = segment.file.alloc_dma_buffer(bytes.len());
     buf.as_bytes_mut().copy_from_slice(bytes);
     let wrote = segment
@@ -486,7 +724,8 @@ async fn sync_segment(log: &Log, segment: &mut Segment) -> Result<(), String> {
 
 /// Seal the current segment (a SEAL batch: it ends there) and start the
 /// next one, named by `first_lsn`, the next batch's first LSN. SEAL and
-/// COMMIT records carry LSN 0: only PUT and REMOVE are numbered.
+/// COMMIT records carry LSN 0: only PUT and REMOVE are numbered (a
+/// COMMIT's LSN field names the batch it overlapped, `launch`).
 async fn rotate(log: &Log, old: &mut Segment, first_lsn: u64) -> Result<Segment, String> {
     let mut seal = Vec::with_capacity(BLOCK_BYTES);
     let at = record::begin(&mut seal, record::SEAL, 0);
@@ -496,25 +735,39 @@ async fn rotate(log: &Log, old: &mut Segment, first_lsn: u64) -> Result<Segment,
     write_at(log, old, &seal).await?;
     sync_segment(log, old).await?;
     log.last_crc.set(crc);
-    create_segment(log, log.dir.join(segment_name(first_lsn))).await
+    let made = log.spare.borrow_mut().take();
+    let segment = create_segment(log, log.dir.join(segment_name(first_lsn)), made).await?;
+    log.start_spare();
+    Ok(segment)
 }
 
-async fn create_segment(log: &Log, path: PathBuf) -> Result<Segment, String> {
+/// A new segment at `path`: the spare made ahead renamed there, or (a
+/// log's first segment) one filled and synced in place; the directory
+/// synced, then opened for the log.
+async fn create_segment(log: &Log, path: PathBuf, made: Option<Spare>) -> Result<Segment, String> {
+    match made {
+        Some(made) => made.into_place(&path).await?,
+        None => {
+            spare::refuse_existing(&path)?;
+            spare::zero_filled(&path, log.cfg.segment_bytes).await?;
+        }
+    }
+    super::sync_dir(&log.dir).await?;
+    open_for_log(&path, 0).await
+}
+
+/// Open a segment for the log's writes from `offset`.
+async fn open_for_log(path: &std::path::Path, offset: u64) -> Result<Segment, String> {
     let file = OpenOptions::new()
         .write(true)
         .read(true)
-        .create_new(true)
-        .dma_open(&path)
+        .dma_open(path)
         .await
-        .map_err(|e| format!("create {}: {e}", path.display()))?;
-    file.pre_allocate(log.cfg.segment_bytes, false)
-        .await
-        .map_err(|e| format!("fallocate {}: {e}", path.display()))?;
-    super::sync_dir(&log.dir).await?;
+        .map_err(|e| format!("open {}: {e}", path.display()))?;
     Ok(Segment {
-        file,
-        path,
-        offset: 0,
+        file: Rc::new(file),
+        path: path.into(),
+        offset,
     })
 }
 
@@ -523,23 +776,13 @@ async fn open_segment(log: &Log, resume: &Resume) -> Result<Segment, String> {
         Some((path, offset)) => {
             assert!(
                 offset.is_multiple_of(BLOCK_BYTES as u64),
-                "batches end on blocks"
+                "recovery ends the written part of a segment after a whole batch, on a block"
             );
-            let file = OpenOptions::new()
-                .write(true)
-                .read(true)
-                .dma_open(path)
-                .await
-                .map_err(|e| format!("open {}: {e}", path.display()))?;
-            Ok(Segment {
-                file,
-                path: path.clone(),
-                offset: *offset,
-            })
+            open_for_log(path, *offset).await
         }
         None => {
             let name = segment_name(log.next_lsn.get());
-            create_segment(log, log.dir.join(name)).await
+            create_segment(log, log.dir.join(name), None).await
         }
     }
 }

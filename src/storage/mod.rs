@@ -5,6 +5,7 @@
 //! DIR/CURRENT                      "generation G" and "shards N"
 //! DIR/gen-G/shard-i/log-<L>.wal    log segments, named by their first LSN
 //! DIR/gen-G/shard-i/snap-<S>.snap  a snapshot of every LSN before S
+//! DIR/gen-G/shard-i/log-spare.tmp  the next segment, being made ready
 //! ```
 //!
 //! | file | concern |
@@ -13,8 +14,10 @@
 //! | `crc32c.rs` | the checksum (SSE4.2, or a table) |
 //! | `record.rs` | the record format, chained checksums, the PUT codec |
 //! | `log.rs` | appends, group commit, durability waits, segments |
+//! | `spare.rs` | the next segment, zero-filled ahead of the rotation |
 //! | `snapshot.rs` | snapshot encoding and writing, removing what it covers |
 //! | `read.rs` | recovery: snapshot + log replay, torn tails, corruption |
+//! | `tail.rs` | recovery: the torn pair two overlapped writes may leave |
 //!
 //! Invariants: a durable block is never written again (each batch starts
 //! on a fresh block); a batch is applied at recovery only when whole; the
@@ -29,6 +32,8 @@ pub mod log;
 pub mod read;
 pub mod record;
 pub mod snapshot;
+pub mod spare;
+pub mod tail;
 
 pub use config::{OnCorruption, StorageConfig, SyncMode};
 pub use log::{Log, Resume};

@@ -9,7 +9,8 @@
 //!
 //! What a bad record means depends on where it is:
 //! - the last segment, with nothing valid after it but bytes of the same
-//!   batch: the torn tail of a crash; cut (zeroed), logged, counted;
+//!   batch, or only the batch written while it was in flight (`tail.rs`):
+//!   the torn tail of a crash; cut (zeroed), logged, counted;
 //! - the last segment, followed by zeros only: the log's clean end;
 //! - anywhere else (a later batch follows it, or an earlier segment does
 //!   not end with its SEAL): corruption. `on-corruption = "stop"` refuses
@@ -19,6 +20,7 @@
 use super::config::OnCorruption;
 use super::log::Resume;
 use super::record::{self, Header, Image, BLOCK_BYTES};
+use crate::timer::spec::AttemptState;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -28,6 +30,8 @@ pub struct Recovered {
     files: Vec<Vec<u8>>,
     /// ID → the file and offset of its last PUT.
     live: HashMap<u64, (u32, u64)>,
+    /// (ID, sequence) → the file and offset of its last DELIVERY not done.
+    deliveries: HashMap<(u64, u32), (u32, u64)>,
     pub next_lsn: u64,
     pub last_crc: u32,
     /// The last segment and where its valid part ends (`None`: start a new one).
@@ -55,6 +59,16 @@ impl Recovered {
             let buf = &self.files[file as usize];
             let h = record::check(buf, at as usize)?;
             record::image(record::payload(buf, at as usize, &h))
+        })
+    }
+
+    /// Every pop still being retried or watched, with the timer it
+    /// belongs to (`record::delivery_of`), in no particular order.
+    pub fn deliveries(&self) -> impl Iterator<Item = (AttemptState, bool, Image<'_>)> + '_ {
+        self.deliveries.values().filter_map(|&(file, at)| {
+            let buf = &self.files[file as usize];
+            let h = record::check(buf, at as usize)?;
+            record::delivery_of(record::payload(buf, at as usize, &h))
         })
     }
 
@@ -152,7 +166,7 @@ fn load_snapshot(
     };
     let buf = std::fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
     let file = out.files.len() as u32;
-    match read_snapshot(&buf, file, &mut out.live) {
+    match read_snapshot(&buf, file, &mut out.live, &mut out.deliveries) {
         Ok(count) => {
             out.replayed += count;
             out.snapshot_bytes = buf.len() as u64;
@@ -170,6 +184,7 @@ fn load_snapshot(
             }
             tracing::error!(target: "chronos::storage", "{why}: skipped (on-corruption = \"skip\")");
             out.live.clear();
+            out.deliveries.clear();
             out.corrupt += 1;
             Ok(1)
         }
@@ -181,6 +196,7 @@ pub fn read_snapshot(
     buf: &[u8],
     file: u32,
     live: &mut HashMap<u64, (u32, u64)>,
+    deliveries: &mut HashMap<(u64, u32), (u32, u64)>,
 ) -> Result<u64, usize> {
     let mut at = 0;
     let mut prev = 0u32;
@@ -196,6 +212,11 @@ pub fn read_snapshot(
                 let image = record::image(p).ok_or(at)?;
                 live.insert(image.head.id.unique, (file, at as u64));
                 count += 1;
+            }
+            record::DELIVERY if at > 0 => {
+                let p = record::payload(buf, at, &h);
+                let (state, _, image) = record::delivery_of(p).ok_or(at)?;
+                deliveries.insert((image.head.id.unique, state.sequence), (file, at as u64));
             }
             record::SNAP_END if at > 0 => {
                 let p = record::payload(buf, at, &h);
@@ -245,7 +266,10 @@ fn replay_segment(
             Batch::Bad => {
                 let zeros = buf[at..].iter().all(|b| *b == 0);
                 let later = later_batch(buf, at, r.last_lsn);
-                if is_last && later.is_none() {
+                // Two writes in flight (`sync = "batch"`): the later may
+                // have landed whole or torn after a torn one (`tail.rs`).
+                let pair = later.is_some_and(|next| super::tail::torn_pair(buf, next, r.last_lsn));
+                if is_last && (later.is_none() || pair) {
                     if !zeros {
                         tracing::warn!(target: "chronos::storage", "{}: torn tail at offset {at} ({} bytes after the last whole write batch) cut", path.display(), buf.len() - at);
                         r.out.torn_tails += 1;
@@ -303,7 +327,7 @@ fn later_batch(buf: &[u8], at: usize, last_lsn: u64) -> Option<usize> {
 }
 
 fn is_data(kind: u8) -> bool {
-    kind == record::PUT || kind == record::REMOVE
+    kind == record::PUT || kind == record::REMOVE || kind == record::DELIVERY
 }
 
 /// Read the batch at `at`: apply it if whole.
@@ -321,7 +345,7 @@ fn read_batch(r: &mut Replay<'_>, buf: &[u8], start: usize, file: u32) -> Batch 
             return Batch::Bad;
         }
         match h.kind {
-            record::PUT | record::REMOVE if h.lsn > lsn => lsn = h.lsn,
+            record::PUT | record::REMOVE | record::DELIVERY if h.lsn > lsn => lsn = h.lsn,
             record::SEAL => sealed = true,
             record::COMMIT => {}
             _ => return Batch::Bad,
@@ -360,6 +384,15 @@ fn apply(r: &mut Replay<'_>, buf: &[u8], file: u32, at: usize, h: &Header) {
         record::REMOVE => {
             if let Some(unique) = record::removed(p) {
                 r.out.live.remove(&unique);
+            }
+        }
+        record::DELIVERY => {
+            if let Some((state, _, image)) = record::delivery_of(p) {
+                let key = (image.head.id.unique, state.sequence);
+                match state.done {
+                    true => r.out.deliveries.remove(&key),
+                    false => r.out.deliveries.insert(key, (file, at as u64)),
+                };
             }
         }
         _ => return,

@@ -17,10 +17,21 @@
 //! all of it is on disk.
 //!
 //! A PUT carries one timer incarnation, whole (its wheel due time and
-//! start as wall-clock ms, its callback, its tags by name), so replay is
-//! "the last record of each ID wins" and never needs an earlier one.
+//! start as wall-clock ms, its callback, its tags by name, its extensions),
+//! so replay is "the last record of each ID wins" and never needs an
+//! earlier one.
+//!
+//! A PUT's format is versioned by its byte 67 (after the tag count):
+//! 0, the first format, ends with the tags; 1 adds the timer's extensions
+//! after them (`u16` length, then the bytes: `timer::extras`, the delivery
+//! policy). A PUT without extensions is still written in format 0, so an
+//! older build reads every log that has no policy in it, and this build
+//! reads every older log. A DELIVERY record (kind 7) carries one pop's
+//! delivery attempts (`shard/retry`): the last one of each (ID, sequence)
+//! wins, and a done one ends it.
 
 use super::crc32c;
+use crate::timer::spec::AttemptState;
 use crate::timer::{TimerHead, TimerId};
 
 pub const HEADER_BYTES: usize = 32;
@@ -38,6 +49,11 @@ pub const COMMIT: u8 = 3;
 pub const SEAL: u8 = 4;
 pub const SNAP_BEGIN: u8 = 5;
 pub const SNAP_END: u8 = 6;
+pub const DELIVERY: u8 = 7;
+
+/// A PUT's byte 67: the format without and with extensions.
+const PUT_FORMAT_PLAIN: u8 = 0;
+const PUT_FORMAT_EXT: u8 = 1;
 
 /// Fixed bytes of a PUT payload before its callback and tags.
 const PUT_FIXED_BYTES: usize = 72;
@@ -161,6 +177,8 @@ pub struct Image<'a> {
     pub opaque: &'a str,
     /// `(name length u16 LE, name, count u32 LE)` repeated, validated.
     tags: &'a [u8],
+    /// The timer's extensions (`timer::extras`), checked on read.
+    pub ext: &'a [u8],
 }
 
 /// Append a PUT of `image` (its `tags` ignored) with these tag names.
@@ -171,6 +189,63 @@ pub fn put<'t>(
     tags: impl Iterator<Item = (&'t str, u32)>,
 ) {
     let at = begin(out, PUT, lsn);
+    put_payload(out, at, image, tags);
+    finish(out, at);
+}
+
+/// Bytes of a DELIVERY record's state, before its timer image.
+const DELIVERY_STATE_BYTES: usize = 24;
+
+/// Append a DELIVERY record: one pop's attempts (`owned`: this node sends
+/// them), then the timer as the pop took it, as a PUT payload.
+pub fn delivery<'t>(
+    out: &mut Vec<u8>,
+    lsn: u64,
+    state: &AttemptState,
+    owned: bool,
+    image: &Image<'_>,
+    tags: impl Iterator<Item = (&'t str, u32)>,
+) {
+    let at = begin(out, DELIVERY, lsn);
+    out.extend_from_slice(&state.sequence.to_le_bytes());
+    let flags = u8::from(state.done) | u8::from(owned) << 1;
+    out.extend_from_slice(&[state.attempts, flags]);
+    out.extend_from_slice(&state.last_outcome.to_le_bytes());
+    out.extend_from_slice(&state.first_unix_ms.to_le_bytes());
+    out.extend_from_slice(&state.next_unix_ms.to_le_bytes());
+    put_payload(out, at + DELIVERY_STATE_BYTES, image, tags);
+    finish(out, at);
+}
+
+/// A DELIVERY payload: the state, whether this node owned it, the timer.
+pub fn delivery_of(p: &[u8]) -> Option<(AttemptState, bool, Image<'_>)> {
+    if p.len() < DELIVERY_STATE_BYTES {
+        return None;
+    }
+    let state = AttemptState {
+        sequence: u32_at(p, 0),
+        attempts: p[4],
+        first_unix_ms: u64_at(p, 8),
+        next_unix_ms: u64_at(p, 16),
+        last_outcome: u16::from_le_bytes([p[6], p[7]]),
+        done: p[5] & 1 != 0,
+    };
+    if state.attempts == 0 || p[5] > 3 {
+        return None;
+    }
+    let image = image(&p[DELIVERY_STATE_BYTES..])?;
+    Some((state, p[5] & 2 != 0, image))
+}
+
+/// A PUT payload of `image` (its `tags` ignored) with these tag names, at
+/// the end of `out`; `at` is where the payload's record starts, less the
+/// bytes before the payload proper (the layout check counts from it).
+fn put_payload<'t>(
+    out: &mut Vec<u8>,
+    at: usize,
+    image: &Image<'_>,
+    tags: impl Iterator<Item = (&'t str, u32)>,
+) {
     let h = &image.head;
     for v in [
         image.due_unix_ms,
@@ -196,7 +271,11 @@ pub fn put<'t>(
     );
     out.extend_from_slice(&(image.uri.len() as u16).to_le_bytes());
     let tag_count_at = out.len();
-    out.extend_from_slice(&[0, 0]);
+    let format = match image.ext.is_empty() {
+        true => PUT_FORMAT_PLAIN,
+        false => PUT_FORMAT_EXT,
+    };
+    out.extend_from_slice(&[0, format]);
     out.extend_from_slice(&(image.opaque.len() as u32).to_le_bytes());
     assert_eq!(
         out.len() - at - HEADER_BYTES,
@@ -220,7 +299,14 @@ pub fn put<'t>(
         n += 1;
     }
     out[tag_count_at] = n;
-    finish(out, at);
+    if format == PUT_FORMAT_EXT {
+        assert!(
+            image.ext.len() <= crate::timer::extras::EXT_BYTES_MAX,
+            "the codec bounds a timer's extensions"
+        );
+        out.extend_from_slice(&(image.ext.len() as u16).to_le_bytes());
+        out.extend_from_slice(image.ext);
+    }
 }
 
 /// Append a REMOVE of `unique`.
@@ -250,6 +336,17 @@ pub fn image(p: &[u8]) -> Option<Image<'_>> {
     let uri = std::str::from_utf8(&rest[..uri_len]).ok()?;
     let opaque = std::str::from_utf8(&rest[uri_len..uri_len + opaque_len]).ok()?;
     let tags = trim_tags(&rest[uri_len + opaque_len..], p[66])?;
+    let after_tags = &rest[uri_len + opaque_len + tags.len()..];
+    let ext = match p[67] {
+        PUT_FORMAT_PLAIN => &[][..],
+        PUT_FORMAT_EXT => {
+            let len = u16::from_le_bytes([*after_tags.first()?, *after_tags.get(1)?]) as usize;
+            let ext = after_tags.get(2..2 + len)?;
+            crate::timer::extras::check(ext).ok()?;
+            ext
+        }
+        _ => return None,
+    };
     let head = TimerHead {
         id: TimerId {
             unique: u64_at(p, 8),
@@ -278,6 +375,7 @@ pub fn image(p: &[u8]) -> Option<Image<'_>> {
         uri,
         opaque,
         tags,
+        ext,
     })
 }
 
@@ -305,6 +403,7 @@ impl<'a> Image<'a> {
             uri,
             opaque,
             tags: &[],
+            ext: &[],
         }
     }
 
@@ -393,6 +492,38 @@ mod tests {
         let got = image(payload(&out, 0, &h)).expect("an old record decodes");
         assert_eq!(got.head.factor_requested as usize, crate::timer::NODES_MAX);
         assert!(got.head.fits_record());
+    }
+
+    #[test]
+    fn a_timing_section_travels_through_a_put_and_an_old_put_has_none() {
+        use crate::timer::extras::{self, TimingKind, TimingRef};
+        let timing = TimingRef {
+            kind: TimingKind::Cron,
+            start_unix_ms: 1_790_000_000_000,
+            text: "0 9 * * MON-FRI",
+            zone: "Europe/Paris",
+        };
+        let mut ext = Vec::new();
+        extras::push_timing(&mut ext, &timing);
+        let mut out = Vec::new();
+        let mut img = Image::new(9, head(6), "http://a/", "o");
+        img.ext = &ext;
+        put(&mut out, 1, &img, [].into_iter());
+        // A record of the format before issue 42: no extensions at all.
+        put(
+            &mut out,
+            2,
+            &Image::new(9, head(7), "http://a/", "o"),
+            [].into_iter(),
+        );
+        commit(&mut out, 0, 0);
+        stamp(&mut out, 0, 1);
+        let a = check(&out, 0).expect("put with a timing");
+        let got = image(payload(&out, 0, &a)).expect("image");
+        assert_eq!(extras::timing(got.ext), Some(timing));
+        let b = check(&out, a.len).expect("put without");
+        let old = image(payload(&out, a.len, &b)).expect("an old record reads");
+        assert_eq!((old.ext, extras::timing(old.ext)), (&[][..], None));
     }
 
     #[test]

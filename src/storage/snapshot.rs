@@ -53,6 +53,19 @@ impl Encoder {
         self.count += 1;
     }
 
+    /// A pop's attempts (`record::delivery`); not counted as a timer.
+    pub fn delivery<'t>(
+        &mut self,
+        state: &crate::timer::spec::AttemptState,
+        owned: bool,
+        image: &Image<'_>,
+        tags: impl Iterator<Item = (&'t str, u32)>,
+    ) {
+        let at = self.buf.len();
+        record::delivery(&mut self.buf, 0, state, owned, image, tags);
+        self.seal_from(at);
+    }
+
     /// Whole blocks ready to write, once a chunk has gathered.
     pub fn take_blocks(&mut self) -> Option<Vec<u8>> {
         if self.buf.len() < CHUNK_BYTES {

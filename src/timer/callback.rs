@@ -46,6 +46,9 @@ struct Entry {
     /// Shared form: the URI. Own form: tag pairs, the URI, the opaque data.
     bytes: Bytes,
     uri_len: u16,
+    /// Own form: bytes of the timer's extensions after the opaque data
+    /// (`timer::extras`: the delivery policy), 0 without.
+    ext_len: u16,
     tag_count: u8,
     /// Own form (never in the table).
     own: bool,
@@ -82,6 +85,7 @@ thread_local! {
     static EMPTY: Rc<Entry> = Rc::new(Entry {
         bytes: Bytes::Inline([0; URI_INLINE_BYTES]),
         uri_len: 0,
+        ext_len: 0,
         tag_count: 0,
         own: false,
         in_table: false,
@@ -122,6 +126,7 @@ impl Callback {
             let entry = Rc::new(Entry {
                 bytes,
                 uri_len: uri.len() as u16,
+                ext_len: 0,
                 tag_count: 0,
                 own: false,
                 in_table,
@@ -134,20 +139,28 @@ impl Callback {
     }
 
     /// The own form: `tags` (at most `u8::MAX`), `uri` (at most
-    /// `u16::MAX` bytes) and `opaque` in one allocation.
-    pub fn own(tags: &[(u32, u32)], uri: &str, opaque: &str) -> Callback {
+    /// `u16::MAX` bytes), `opaque` and the extensions `ext` (at most
+    /// `u16::MAX` bytes, `timer::extras`) in one allocation.
+    pub fn own(tags: &[(u32, u32)], uri: &str, opaque: &str, ext: &[u8]) -> Callback {
         assert!(uri.len() <= u16::MAX as usize, "the codec caps URIs");
         assert!(tags.len() <= u8::MAX as usize, "the codec caps tags");
-        let mut data = Vec::with_capacity(tags.len() * TAG_BYTES + uri.len() + opaque.len());
+        assert!(
+            ext.len() <= u16::MAX as usize,
+            "the codec caps a timer's extensions far below 64 KiB"
+        );
+        let bytes = tags.len() * TAG_BYTES + uri.len() + opaque.len() + ext.len();
+        let mut data = Vec::with_capacity(bytes);
         for (index, count) in tags {
             data.extend_from_slice(&index.to_le_bytes());
             data.extend_from_slice(&count.to_le_bytes());
         }
         data.extend_from_slice(uri.as_bytes());
         data.extend_from_slice(opaque.as_bytes());
+        data.extend_from_slice(ext);
         Callback(Rc::new(Entry {
             bytes: Bytes::Heap(data.into()),
             uri_len: uri.len() as u16,
+            ext_len: ext.len() as u16,
             tag_count: tags.len() as u8,
             own: true,
             in_table: false,
@@ -172,7 +185,15 @@ impl Callback {
     /// The opaque data of an own form (empty in a shared one).
     pub fn opaque(&self) -> &str {
         let at = self.0.tag_count as usize * TAG_BYTES + self.0.uri_len as usize;
-        std::str::from_utf8(&self.0.data()[at..]).expect("stored from a str")
+        let data = self.0.data();
+        let end = data.len() - self.0.ext_len as usize;
+        std::str::from_utf8(&data[at..end]).expect("stored from a str")
+    }
+
+    /// The extensions of an own form (`timer::extras`; none in a shared one).
+    pub fn ext(&self) -> &[u8] {
+        let data = self.0.data();
+        &data[data.len() - self.0.ext_len as usize..]
     }
 
     /// The tag pairs of an own form, [`TAG_BYTES`] each (none in a shared one).
@@ -305,13 +326,14 @@ mod tests {
     fn own_forms_stay_out_of_the_table() {
         let before = interned_count();
         let shared = Callback::interned("http://intern.test/own");
-        let own = Callback::own(&[(1, 2)], "http://intern.test/own", "data");
+        let own = Callback::own(&[(1, 2)], "http://intern.test/own", "data", b"x");
         assert_eq!(interned_count(), before + 1);
         assert!(own.is_own() && !Rc::ptr_eq(&shared.0, &own.0));
         assert_eq!(
             (own.uri(), own.opaque(), own.tag_bytes().len()),
             ("http://intern.test/own", "data", TAG_BYTES)
         );
+        assert_eq!(own.ext(), b"x");
         let own2 = own.clone();
         drop(own);
         drop(own2);

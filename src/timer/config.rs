@@ -58,6 +58,61 @@ pub struct TimersConfig {
     /// suffixes, `!` to deny, the first match deciding. `None`: every
     /// host, and no resolution at create time. Reloaded by SIGHUP.
     pub callback_allow: Option<Vec<String>>,
+    /// Standard Webhooks secrets (`whsec_<base64>`) every callback and
+    /// dead letter is signed with, each key in turn (empty: unsigned).
+    /// Parsed and checked by the configuration (`http::sign`). Reloaded
+    /// by SIGHUP.
+    pub callback_signing_keys: SigningSecrets,
+}
+
+/// `[timers] callback-signing-keys` as written: secrets, so neither
+/// `Debug` (the resolved configuration) nor `Serialize` (the reload's
+/// list of changes) ever shows one; both give the count only. Reading it
+/// never fails, since a TOML error quotes the line it is on: a lone
+/// string is a list of one, and anything else but a list of strings is
+/// `malformed`, which the configuration refuses without quoting it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SigningSecrets {
+    pub keys: Vec<String>,
+    pub malformed: bool,
+}
+
+impl<'de> Deserialize<'de> for SigningSecrets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            One(String),
+            Many(Vec<String>),
+            Other(serde::de::IgnoredAny),
+        }
+        Ok(match Written::deserialize(d)? {
+            Written::One(key) => SigningSecrets {
+                keys: vec![key],
+                malformed: false,
+            },
+            Written::Many(keys) => SigningSecrets {
+                keys,
+                malformed: false,
+            },
+            Written::Other(_) => SigningSecrets {
+                keys: Vec::new(),
+                malformed: true,
+            },
+        })
+    }
+}
+
+impl std::fmt::Debug for SigningSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SigningSecrets {{ count: {} }}", self.keys.len())
+    }
+}
+
+impl Serialize for SigningSecrets {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{} keys (never shown)", self.keys.len()))
+    }
 }
 
 impl Default for TimersConfig {
@@ -74,6 +129,7 @@ impl Default for TimersConfig {
             timers_per_shard_max: 8_000_000,
             callback_ca_file: None,
             callback_allow: None,
+            callback_signing_keys: SigningSecrets::default(),
         }
     }
 }

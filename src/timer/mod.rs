@@ -3,9 +3,11 @@
 pub mod calendar;
 pub mod callback;
 pub mod config;
+pub mod extras;
 pub mod id;
 pub mod retry;
 pub mod spec;
+pub mod timing;
 
 pub use id::{
     instance_field, shard_of, IdGenerator, TimerId, DEPLOYMENT_ID_MAX, INSTANCE_ID_MAX,
@@ -47,6 +49,19 @@ pub struct TimerHead {
     pub site_index: u8,
     /// The timer's site list, packed (`cluster::sites`; `u32::MAX`: none).
     pub sites: u32,
+}
+
+/// Seconds as ms at millisecond resolution: 0.1 s is 100 ms despite binary
+/// floating point (within a millionth of a whole ms, it is that ms);
+/// anything finer rounds up, so a pop is never earlier than asked.
+pub fn ms_of_seconds(secs: f64) -> f64 {
+    let ms = secs * 1000.0;
+    let nearest = ms.round();
+    if (ms - nearest).abs() < 1e-6 {
+        nearest
+    } else {
+        ms.ceil()
+    }
 }
 
 /// `Timer::informed` when no new replica is known to have the timer.
@@ -142,13 +157,26 @@ impl Timer {
     /// Allocates nothing when the URI is interned already, the opaque data
     /// fits inline and there are no tags.
     pub fn new(head: TimerHead, uri: &str, opaque: &str, tags: &[(u32, u32)]) -> Timer {
+        Timer::with_ext(head, uri, opaque, tags, &[])
+    }
+
+    /// [`Timer::new`] with the timer's extensions (`extras`: the delivery
+    /// policy), at most `u16::MAX` bytes; a timer with any is an own form.
+    pub fn with_ext(
+        head: TimerHead,
+        uri: &str,
+        opaque: &str,
+        tags: &[(u32, u32)],
+        ext: &[u8],
+    ) -> Timer {
         assert!(head.fits_record(), "the codec and placement bound them");
         let mut inline = [INLINE_END; INLINE_OPAQUE_BYTES];
-        let callback = if tags.is_empty() && opaque.len() <= INLINE_OPAQUE_BYTES {
+        let shared = tags.is_empty() && ext.is_empty() && opaque.len() <= INLINE_OPAQUE_BYTES;
+        let callback = if shared {
             inline[..opaque.len()].copy_from_slice(opaque.as_bytes());
             Callback::interned(uri)
         } else {
-            Callback::own(tags, uri, opaque)
+            Callback::own(tags, uri, opaque, ext)
         };
         let mut roles = 0;
         set(&mut roles, REPLICA_INDEX, head.replica_index);
@@ -284,13 +312,28 @@ impl Timer {
         !self.callback.tag_bytes().is_empty()
     }
 
+    /// The timer's extensions (`extras`; empty for most timers).
+    pub fn ext(&self) -> &[u8] {
+        self.callback.ext()
+    }
+
+    /// The delivery policy, if the timer has one (issue 41).
+    pub fn delivery(&self) -> Option<extras::DeliveryRef<'_>> {
+        extras::delivery(self.callback.ext())
+    }
+
     pub fn is_tombstone(&self) -> bool {
         self.callback.uri_len() == 0
     }
 
     /// This incarnation as a tombstone (same identity, no callback).
     pub fn to_tombstone(&self) -> Timer {
-        Timer::new(self.head(), "", "", &[])
+        let mut head = self.head();
+        if self.is_cron() {
+            // Its cursor is no period to keep a tombstone for.
+            head.interval_ms = 0;
+        }
+        Timer::new(head, "", "", &[])
     }
 
     /// A copy sharing the callback bytes (an informational timer, seed 003;
@@ -302,8 +345,64 @@ impl Timer {
         }
     }
 
+    /// The timer's wall-clock or calendar timing, if it has one (issue 42).
+    pub fn timing(&self) -> Option<timing::TimingRef<'_>> {
+        match self.callback.is_own() {
+            true => extras::timing(self.callback.ext()),
+            false => None,
+        }
+    }
+
+    /// Whether `interval_ms` is a cron timer's cursor (`timing.rs`).
+    pub fn is_cron(&self) -> bool {
+        self.timing()
+            .is_some_and(|t| t.kind == timing::TimingKind::Cron)
+    }
+
+    /// Count pop `sequence + 1` as taken: the sequence moves on and, for a
+    /// cron timer, the cursor to the next occurrence (the wall clock now,
+    /// read only then, and this replica's lag behind the occurrences, for
+    /// the misfire rule).
+    pub fn step(&mut self, replica_skew_ms: u64, now_unix_ms: impl FnOnce() -> i64) {
+        self.sequence += 1;
+        if let Some(t) = self.timing().filter(|t| t.kind == timing::TimingKind::Cron) {
+            let lag_ms = self.lag_ms(replica_skew_ms) as i64;
+            let (cursor, repeat_for_ms) = (self.interval_ms, self.repeat_for_ms);
+            self.interval_ms =
+                timing::next_cursor(&t, cursor, repeat_for_ms, now_unix_ms(), lag_ms);
+        }
+    }
+
+    /// The cursor once `sequence` pops are done, stepped from this copy's
+    /// through each occurrence in turn (no misfire: what a report of pop
+    /// `sequence` carries, so the cursor agrees with the sequence beside
+    /// it). Not a cron timer: its `interval_ms`.
+    pub fn cursor_at(&self, sequence: u32) -> u32 {
+        let Some(t) = self.timing().filter(|t| t.kind == timing::TimingKind::Cron) else {
+            return self.interval_ms;
+        };
+        let mut cursor = self.interval_ms;
+        // Bounded: a report is about the pop just taken, one step ahead of
+        // the copy it was taken from.
+        for _ in self.sequence..sequence.min(self.sequence.saturating_add(64)) {
+            let at_ms = t.start_unix_ms.saturating_add(cursor as i64);
+            cursor = timing::next_cursor(&t, cursor, self.repeat_for_ms, at_ms, 0);
+        }
+        cursor
+    }
+
+    /// This replica's lag behind the schedule: its skews.
+    pub fn lag_ms(&self, replica_skew_ms: u64) -> u64 {
+        let site_skew_ms = self.site_index() as u64 * self.factor_requested().max(1) as u64;
+        (self.replica_index() as u64 + site_skew_ms) * replica_skew_ms
+    }
+
     /// Whether pop number `sequence + 1` exists.
     pub fn has_next_pop(&self) -> bool {
+        if self.callback.is_own() && self.is_cron() {
+            let cursor = self.interval_ms;
+            return cursor != timing::CURSOR_NONE && cursor <= self.repeat_for_ms;
+        }
         if self.interval_ms == 0 {
             return self.sequence == 0;
         }
@@ -313,11 +412,13 @@ impl Timer {
     /// When pop number `sequence + 1` is due on this replica: each replica
     /// one skew after the one before it, and each site (GR) a whole
     /// replica list of skews after the one before it.
+    /// A cron timer's is its cursor's occurrence (`timing.rs`).
     pub fn next_pop_ms(&self, replica_skew_ms: u64) -> u64 {
-        let site_skew_ms = self.site_index() as u64 * self.factor_requested().max(1) as u64;
-        self.start_ms
-            + (self.sequence as u64 + 1) * self.interval_ms as u64
-            + (self.replica_index() as u64 + site_skew_ms) * replica_skew_ms
+        let lag_ms = self.lag_ms(replica_skew_ms);
+        if self.callback.is_own() && self.is_cron() {
+            return self.start_ms.saturating_add(self.interval_ms as u64) + lag_ms;
+        }
+        self.start_ms + (self.sequence as u64 + 1) * self.interval_ms as u64 + lag_ms
     }
 }
 

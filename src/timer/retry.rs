@@ -27,7 +27,7 @@
 //! |---|---|---|
 //! | `attempts` | a whole number, 1 to 200 | 10 |
 //! | `initial-delay` | 0.001 to 86400 s (a day) | 1 s |
-//! | `max-delay` | initial-delay to 86400 s | 3600 s, or initial-delay when longer |
+//! | `max-delay` | 0.001 to 86400 s (below initial-delay, it caps every delay, the first included) | 3600 s, or initial-delay when longer |
 //! | `multiplier` | 1 to 10, kept to 0.01 | 2 |
 //! | `jitter` | 0 to 1, kept to 0.001 | 0.2 |
 //! | `give-up-after` | 0.001 to 2592000 s (30 days) | 86400 s |
@@ -124,13 +124,6 @@ impl RetryPolicy {
         within("initial-delay", p.initial_delay_ms, 1, DELAY_MS_MAX)?;
         within("max-delay", p.max_delay_ms, 1, DELAY_MS_MAX)?;
         within("give-up-after", p.give_up_after_ms, 1, GIVE_UP_MS_MAX)?;
-        if p.max_delay_ms < p.initial_delay_ms {
-            return Err(format!(
-                "callback.retry.max-delay ({} s) is below initial-delay ({} s)",
-                seconds(p.max_delay_ms),
-                seconds(p.initial_delay_ms)
-            ));
-        }
         if !(MULTIPLIER_CENTI_MIN..=MULTIPLIER_CENTI_MAX).contains(&p.multiplier_centi) {
             return Err("callback.retry.multiplier must be 1 to 10".into());
         }
@@ -138,6 +131,37 @@ impl RetryPolicy {
             return Err("callback.retry.jitter must be 0 to 1".into());
         }
         Ok(())
+    }
+}
+
+impl RetryPolicy {
+    /// The policy as `callback.retry`'s JSON object, every key written
+    /// (the replication, cross-site and resync bodies, and a look-up): it
+    /// reads back as this policy.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let _ = write!(
+            out,
+            "{{\"attempts\":{},\"initial-delay\":{},\"max-delay\":{},\"multiplier\":{},\"jitter\":{},\"give-up-after\":{}}}",
+            self.attempts,
+            seconds(self.initial_delay_ms),
+            seconds(self.max_delay_ms),
+            decimal(u32::from(self.multiplier_centi), 100),
+            decimal(u32::from(self.jitter_milli), 1000),
+            seconds(self.give_up_after_ms),
+        );
+    }
+}
+
+/// `n / scale` as the shortest decimal that reads back as it.
+fn decimal(n: u32, scale: u32) -> String {
+    let width = scale.ilog10() as usize;
+    match n % scale {
+        0 => (n / scale).to_string(),
+        frac => {
+            let text = format!("{}.{frac:0width$}", n / scale);
+            text.trim_end_matches('0').to_string()
+        }
     }
 }
 
@@ -286,7 +310,7 @@ fn seconds_ms(field: &str, v: &Value, max_ms: u32) -> Result<u32, String> {
     if !(secs > 0.0 && secs <= f64::from(max_ms) / 1000.0) {
         return Err(bad());
     }
-    let ms = (super::spec::ms_of_seconds(secs) as u32).clamp(1, max_ms);
+    let ms = (super::ms_of_seconds(secs) as u32).clamp(1, max_ms);
     Ok(ms)
 }
 

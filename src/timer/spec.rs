@@ -8,7 +8,14 @@ use serde::Deserialize;
 use std::borrow::Cow;
 use std::fmt;
 
+mod delivery;
 mod fast;
+mod timing;
+
+pub use super::ms_of_seconds;
+
+pub use delivery::{AttemptState, Delivery};
+pub use timing::Timing;
 
 /// The longest callback URI accepted.
 pub const URI_BYTES_MAX: usize = 8 * 1024;
@@ -29,6 +36,12 @@ pub struct TimerSpec<'a> {
     pub opaque: Cow<'a, str>,
     pub replication_factor: Option<u8>,
     pub tags: Vec<(Cow<'a, str>, u32)>,
+    /// `callback.retry` and `callback.dead-letter` (issue 41).
+    /// Boxed: rare, and every spec would carry its bytes otherwise.
+    pub delivery: Option<Box<Delivery<'a>>>,
+    /// `timing.at`, `start-at` or `cron` (issue 42; `spec/timing.rs`).
+    /// Boxed, as `delivery`.
+    pub timing: Option<Box<Timing<'a>>>,
     /// Present when the body carries `reliability.replicas` (a message from
     /// a node of this site, applied locally and never forwarded again) or
     /// only `reliability.sites` (from another site: this site places it).
@@ -47,6 +60,10 @@ pub struct Replication<'a> {
     pub sites: Vec<Cow<'a, str>>,
     /// `reliability.only-newer`: apply only over an older version.
     pub only_newer: bool,
+    /// `delivery-state`: a report of one pop's attempts, not a change of
+    /// the timer (issue 41).
+    /// Boxed: rare, and every replication body would carry its bytes.
+    pub attempt: Option<Box<AttemptState>>,
 }
 
 impl TimerSpec<'_> {
@@ -67,6 +84,8 @@ impl TimerSpec<'_> {
             opaque: own(self.opaque),
             replication_factor: self.replication_factor,
             tags: self.tags.into_iter().map(|(t, c)| (own(t), c)).collect(),
+            delivery: self.delivery.map(|d| Box::new(d.into_owned())),
+            timing: self.timing.map(|t| Box::new(t.into_owned())),
             replication: self.replication.map(|r| Replication {
                 start_time_delta_ms: r.start_time_delta_ms,
                 version_us: r.version_us,
@@ -75,6 +94,7 @@ impl TimerSpec<'_> {
                 replicas: r.replicas.into_iter().map(own).collect(),
                 sites: r.sites.into_iter().map(own).collect(),
                 only_newer: r.only_newer,
+                attempt: r.attempt,
             }),
         }
     }
@@ -90,6 +110,8 @@ struct RawTimer<'a> {
     reliability: Option<RawReliability<'a>>,
     #[serde(borrow)]
     statistics: Option<RawStatistics<'a>>,
+    #[serde(rename = "delivery-state")]
+    delivery_state: Option<Box<delivery::RawState>>,
 }
 
 impl RawTimer<'_> {
@@ -99,6 +121,7 @@ impl RawTimer<'_> {
             callback: None,
             reliability: None,
             statistics: None,
+            delivery_state: None,
         }
     }
 }
@@ -118,6 +141,21 @@ struct RawTiming {
     /// the client operation that made it), identical on every replica.
     #[serde(default, deserialize_with = "opt_integer")]
     version: Option<u64>,
+    // Issue 42 (`spec/timing.rs`): boxed, so a body without them pays a
+    // pointer each. `Value`, so a wrong type gets a reason naming the field.
+    at: Option<Box<serde_json::Value>>,
+    #[serde(rename = "start-at")]
+    start_at: Option<Box<serde_json::Value>>,
+    cron: Option<Box<serde_json::Value>>,
+    #[serde(rename = "time-zone")]
+    time_zone: Option<Box<serde_json::Value>>,
+    /// Between nodes: the absolute start of a timer with `at`, `start-at`
+    /// or `cron` (wall-clock Unix ms).
+    #[serde(rename = "start-unix-ms", default, deserialize_with = "opt_integer")]
+    start_unix_ms: Option<i64>,
+    /// Between nodes: a cron timer's cursor (`timer/timing.rs`), in ms.
+    #[serde(rename = "cron-cursor-ms", default, deserialize_with = "opt_integer")]
+    cron_cursor_ms: Option<u32>,
 }
 
 /// `callback`: one key naming the mechanism. Only `http` is supported; an
@@ -126,6 +164,10 @@ struct RawTiming {
 struct RawCallback<'a> {
     http: Option<RawHttp<'a>>,
     other: Option<String>,
+    /// Boxed, as the fields below: rare, and every body's raw struct
+    /// would carry their bytes (their zeroing and moves cost a `POST`).
+    retry: Option<Box<crate::timer::retry::RawRetry>>,
+    dead_letter: Option<Box<crate::timer::retry::RawDeadLetter>>,
 }
 
 #[derive(Debug, Deserialize, PartialEq)]
@@ -149,10 +191,17 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawCallback<'a> {
                 let mut out = RawCallback {
                     http: None,
                     other: None,
+                    retry: None,
+                    dead_letter: None,
                 };
                 while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
                     if key == "http" {
                         out.http = Some(map.next_value()?);
+                    } else if key == "retry" {
+                        // `null` is as if absent, as for every optional key.
+                        out.retry = map.next_value()?;
+                    } else if key == "dead-letter" {
+                        out.dead_letter = map.next_value()?;
                     } else {
                         map.next_value::<IgnoredAny>()?;
                         out.other.get_or_insert_with(|| key.into_owned());
@@ -213,9 +262,13 @@ struct RawTag<'a> {
 /// A JSON number without a fraction as an integer: JSON has one number
 /// type and JSON Schema's `integer` is any number without a fraction, so
 /// `53.0` is 53 (a client that writes every number as a float is
-/// understood). `None` for a fraction, or a float at or beyond ±2^53:
-/// there an f64 is no longer exact, and an integer too large for `u64` or
-/// `i64` (`-9223372036854775809`) reaches here as its rounded float.
+/// understood). `None` for a fraction, or a float beyond ±2^53: there an
+/// f64 is no longer exact, and an integer too large for `u64` or `i64`
+/// (`-9223372036854775809`) reaches here as its rounded float. ±2^53
+/// itself is accepted: it is exact, and JSON Schema's `integer` (the
+/// OpenAPI description, schemathesis in CI) counts `-9007199254740992.0`
+/// as one; only a float written just past it (`9007199254740993.0`)
+/// would be read as it, one off.
 pub fn integral(n: &serde_json::Number) -> Option<i128> {
     if let Some(u) = n.as_u64() {
         return Some(u.into());
@@ -225,7 +278,7 @@ pub fn integral(n: &serde_json::Number) -> Option<i128> {
     }
     let f = n.as_f64()?;
     let exact = 9_007_199_254_740_992.0; // 2^53
-    (f.fract() == 0.0 && f.abs() < exact).then_some(f as i128)
+    (f.fract() == 0.0 && f.abs() <= exact).then_some(f as i128)
 }
 
 /// `integral` in `T`'s range, as a serde field (`deserialize_with`).
@@ -255,19 +308,6 @@ fn positive(v: &serde_json::Value) -> Option<u64> {
 
 /// The longest interval or repeat-for, in seconds: `u32::MAX` ms.
 const SECONDS_MAX: f64 = 4_294_967.295;
-
-/// Seconds as ms at millisecond resolution: 0.1 s is 100 ms despite binary
-/// floating point (within a millionth of a whole ms, it is that ms);
-/// anything finer rounds up, so a pop is never earlier than asked.
-pub fn ms_of_seconds(secs: f64) -> f64 {
-    let ms = secs * 1000.0;
-    let nearest = ms.round();
-    if (ms - nearest).abs() < 1e-6 {
-        nearest
-    } else {
-        ms.ceil()
-    }
-}
 
 /// Seconds (integer or fractional) to whole milliseconds, never rounding a
 /// value down below what was asked.
@@ -382,9 +422,23 @@ fn read_into<'a>(body: &'a [u8], fast: bool, raw: &mut RawTimer<'a>) -> Result<(
 /// Takes the strings it keeps out of `raw`.
 fn validate<'a>(raw: &mut RawTimer<'a>, check_uri: CheckUri) -> Result<TimerSpec<'a>, String> {
     let timing = raw.timing.as_ref().ok_or("missing timing object")?;
-    let (interval_ms, repeat_for_ms) = parse_timing(timing)?;
-    let replication = parse_replication(timing, raw.reliability.as_ref())?;
-    let (uri, opaque) = parse_callback(raw.callback.take(), replication.is_some(), check_uri)?;
+    let (interval_ms, repeat_for_ms, mut replication, calendar) = parse_all_timing(timing, raw)?;
+    let attempt = delivery::parse_state(raw)?;
+    if let Some(r) = replication.as_mut() {
+        r.attempt = attempt.map(Box::new);
+    }
+    let mut callback = raw.callback.take();
+    let policy = callback
+        .as_mut()
+        .map(|c| (c.retry.take(), c.dead_letter.take()));
+    let (uri, opaque) = parse_callback(callback, replication.is_some(), check_uri)?;
+    // Checked in every body, as the description says; kept only with a
+    // callback (a tombstone has nothing to deliver).
+    let delivery = match policy {
+        Some((None, None)) | None => None,
+        Some((retry, dead_letter)) => delivery::parse_policy(retry, dead_letter, check_uri)?,
+    };
+    let delivery = delivery.filter(|_| !uri.is_empty()).map(Box::new);
     let replication_factor = parse_factor(raw.reliability.as_ref())?;
     let tags = match raw.statistics.take() {
         Some(stats) => parse_tags(stats)?,
@@ -401,8 +455,36 @@ fn validate<'a>(raw: &mut RawTimer<'a>, check_uri: CheckUri) -> Result<TimerSpec
         opaque,
         replication_factor,
         tags,
+        delivery,
+        timing: calendar,
         replication,
     })
+}
+
+/// The timing keys and the internal-API fields: `interval` and
+/// `repeat-for` in ms, the replication fields, the wall-clock or
+/// calendar timing (read only when the body names one of its keys).
+#[allow(clippy::type_complexity)]
+fn parse_all_timing<'a>(
+    timing: &RawTiming,
+    raw: &RawTimer<'a>,
+) -> Result<
+    (
+        u32,
+        u32,
+        Option<Replication<'a>>,
+        Option<Box<Timing<'static>>>,
+    ),
+    String,
+> {
+    if !timing::present(timing) {
+        let (interval_ms, repeat_for_ms) = parse_timing(timing)?;
+        let replication = parse_replication(timing, raw.reliability.as_ref())?;
+        return Ok((interval_ms, repeat_for_ms, replication, None));
+    }
+    let replication = parse_replication(timing, raw.reliability.as_ref())?;
+    let (t, interval_ms, repeat_for_ms) = timing::parse(timing, replication.is_some())?;
+    Ok((interval_ms, repeat_for_ms, replication, Some(Box::new(t))))
 }
 
 /// `(interval, repeat-for)` in ms; `repeat-for` defaults to the interval.
@@ -493,6 +575,7 @@ fn parse_replication<'a>(
         replicas: replicas.clone(),
         sites: sites.clone().unwrap_or_default(),
         only_newer,
+        attempt: None,
     }))
 }
 
@@ -579,202 +662,4 @@ fn validate_uri(uri: &str, check_uri: CheckUri) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A stand-in for the HTTP layer's check: `http://` and a host (the
-    /// fast reader's tests use it too).
-    pub(super) fn check(uri: &str) -> Result<(), String> {
-        match uri.strip_prefix("http://") {
-            Some(rest) if !rest.is_empty() && !rest.contains(' ') => Ok(()),
-            _ => Err(format!("{uri:?} must be an http:// URI")),
-        }
-    }
-
-    fn parse_test(body: &[u8]) -> Result<TimerSpec<'_>, String> {
-        parse(body, check)
-    }
-
-    const OK: &str = r#"{"timing":{"interval":10},"callback":{"http":{"uri":"http://127.0.0.1:9/cb","opaque":"x"}}}"#;
-
-    #[test]
-    fn minimal_timer() {
-        let s = parse_test(OK.as_bytes()).unwrap();
-        assert_eq!((s.interval_ms, s.repeat_for_ms), (10_000, 10_000));
-        assert_eq!(s.uri, "http://127.0.0.1:9/cb");
-        assert_eq!(s.opaque, "x");
-        assert!(s.replication.is_none());
-    }
-
-    /// `reliability.only-newer` is true, false or null in any body, as the
-    /// OpenAPI description says; a client body (no `replicas`) with an
-    /// object there was accepted (schemathesis, CI at 91bc295).
-    #[test]
-    fn only_newer_is_a_boolean_or_null_in_every_body() {
-        let rel = |v: &str, more: &str| {
-            format!(
-                r#"{{"timing":{{"interval":5}},"callback":{{"http":{{"uri":"http://a/"}}}},"reliability":{{"only-newer":{v}{more}}}}}"#
-            )
-        };
-        for more in ["", r#","sites":[]"#, r#","replicas":["a:1"]"#] {
-            for good in ["true", "false", "null"] {
-                let body = rel(good, more);
-                assert!(parse_test(body.as_bytes()).is_ok(), "{body}");
-            }
-            for bad in [r#"{"":[]}"#, "{}", "[]", "1", r#""true""#] {
-                let body = rel(bad, more);
-                let err = parse_test(body.as_bytes()).err();
-                assert_eq!(
-                    err.as_deref(),
-                    Some("reliability.only-newer must be true or false"),
-                    "{body}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn fractional_seconds_have_ms_resolution() {
-        let table = [
-            ("0.1", 100),
-            ("1.5", 1500),
-            ("0.001", 1),
-            ("0.0015", 2),
-            ("2.999", 2999),
-            ("0", 0),
-            ("5e-324", 1),
-            ("0.0000001", 1),
-            ("4294967.295", u32::MAX),
-        ];
-        for (text, ms) in table {
-            let body = format!(
-                r#"{{"timing":{{"interval":{text},"repeat-for":{text}}},"callback":{{"http":{{"uri":"http://a/"}}}}}}"#
-            );
-            assert_eq!(
-                parse_test(body.as_bytes()).unwrap().interval_ms,
-                ms,
-                "{text}"
-            );
-        }
-    }
-
-    #[test]
-    fn integers_may_be_written_with_a_zero_fraction() {
-        let n = |t: &str| integral(&serde_json::from_str(t).unwrap());
-        assert_eq!(n("53"), Some(53));
-        assert_eq!(n("53.0"), Some(53));
-        assert_eq!(n("-2.0"), Some(-2));
-        assert_eq!(n("1e6"), Some(1_000_000));
-        assert_eq!(n("18446744073709551615"), Some(u64::MAX.into()));
-        assert_eq!(n("1.5"), None);
-        assert_eq!(n("1e300"), None);
-        assert_eq!(n("-9223372036854775809"), None);
-        assert_eq!(n("18446744073709551616"), None);
-        let body = r#"{"timing":{"interval":1,"start-time-delta":-250.0,"sequence-number":2e0,"version":7.0},
-            "callback":{"http":{"uri":"http://a/"}},"reliability":{"replicas":["a:1"]}}"#;
-        let r = parse_test(body.as_bytes()).unwrap().replication.unwrap();
-        assert_eq!(
-            (r.start_time_delta_ms, r.sequence_number, r.version_us),
-            (-250, 2, Some(7))
-        );
-        let big = body.replace("2e0", "4294967296");
-        assert!(parse_test(big.as_bytes())
-            .unwrap_err()
-            .contains("not an integer in range"));
-    }
-
-    #[test]
-    fn seconds_beyond_u32_ms_are_refused_naming_the_bound() {
-        for interval in ["4294967.296", "4294967.295000001", "4294968"] {
-            let body = format!(
-                r#"{{"timing":{{"interval":{interval}}},"callback":{{"http":{{"uri":"http://a/"}}}}}}"#
-            );
-            let err = parse_test(body.as_bytes()).expect_err(interval);
-            assert!(
-                err.contains("timing.interval is too large (at most 4294967.295 s)"),
-                "{interval}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn rejections_carry_reasons() {
-        let table: &[(&str, &str)] = &[
-            ("not json", "invalid JSON"),
-            ("[1,2]", "JSON object"),
-            ("{}", "missing timing"),
-            (r#"{"timing":{}}"#, "missing timing.interval"),
-            (
-                r#"{"timing":{"interval":-1},"callback":{"http":{"uri":"http://a/"}}}"#,
-                "negative",
-            ),
-            (
-                r#"{"timing":{"interval":"10"},"callback":{"http":{"uri":"http://a/"}}}"#,
-                "timing.interval must be a number",
-            ),
-            (r#"{"timing":{"interval":1}}"#, "missing callback"),
-            (
-                r#"{"timing":{"interval":1},"callback":{"sip":{}}}"#,
-                "only \"http\"",
-            ),
-            (
-                r#"{"timing":{"interval":1},"callback":{"http":{"opaque":"x"}}}"#,
-                "missing callback.http.uri",
-            ),
-            (
-                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"ftp://x/"}}}"#,
-                "http://",
-            ),
-            (
-                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":5}"#,
-                "object",
-            ),
-            (
-                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"reliability":{"replication-factor":0}}"#,
-                "replication-factor",
-            ),
-            (
-                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":0}]}}"#,
-                "positive integer",
-            ),
-            (
-                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":1.5}]}}"#,
-                "positive integer",
-            ),
-            (
-                r#"{"timing":{"interval":1},"callback":{"http":{"uri":"http://a/"}},"statistics":{"tag-info":[{"type":"A","count":-2}]}}"#,
-                "positive integer",
-            ),
-            (
-                r#"{"timing":{"interval":0,"repeat-for":5},"callback":{"http":{"uri":"http://a/"}}}"#,
-                "timing.interval 0 with timing.repeat-for 5:",
-            ),
-            (
-                r#"{"timing":{"interval":0.0,"repeat-for":0.25},"callback":{"http":{"uri":"http://a/"}}}"#,
-                "timing.interval 0 with timing.repeat-for 0.25:",
-            ),
-        ];
-        for (body, needle) in table {
-            let err = parse_test(body.as_bytes()).expect_err(body);
-            assert!(err.contains(needle), "{body}: {err}");
-        }
-    }
-
-    #[test]
-    fn tags_and_replication() {
-        let body = r#"{"timing":{"interval":1,"repeat-for":3,"start-time-delta":-250,"sequence-number":2},
-            "callback":{"http":{"uri":"http://h:81/p?q=1","opaque":"o"}},
-            "reliability":{"cluster-view-id":"12","replicas":["10.0.0.1:7253","10.0.0.2:7253"]},
-            "statistics":{"tag-info":[{"type":"CALL"},{"type":"SUB","count":3}]}}"#;
-        let s = parse_test(body.as_bytes()).unwrap();
-        assert_eq!(
-            s.tags,
-            vec![(Cow::Borrowed("CALL"), 1), (Cow::Borrowed("SUB"), 3)]
-        );
-        let r = s.replication.unwrap();
-        assert_eq!((r.start_time_delta_ms, r.sequence_number), (-250, 2));
-        assert_eq!(r.replicas.len(), 2);
-        let tomb = r#"{"timing":{"interval":1},"callback":{},"reliability":{"replicas":["a:1"]}}"#;
-        assert!(parse_test(tomb.as_bytes()).unwrap().is_tombstone());
-    }
-}
+mod tests;

@@ -190,3 +190,16 @@ pub fn reload_view(node: &Node, config: &str) {
 pub fn start_member(i: usize, port: u16, config: &str) -> Node {
     Node::start_at(&format!("127.0.0.{i}"), port, config)
 }
+
+/// `GET /timers/<id>` as JSON, asserting a `200`.
+pub fn look_up(node: &Node, id: &str) -> serde_json::Value {
+    let r = node.request("GET", &format!("/timers/{id}"), "");
+    assert_eq!(
+        r.status,
+        200,
+        "GET /timers/{id} on {}: {}",
+        node.addr,
+        r.text()
+    );
+    serde_json::from_slice(&r.body).expect("a JSON answer")
+}

@@ -15,6 +15,7 @@ pub mod durable;
 pub mod metrics;
 pub mod proxy;
 pub mod queue;
+pub mod target;
 pub mod tls;
 
 // Not every test file uses every part of the harness.
@@ -205,15 +206,23 @@ impl Node {
         r.location_id()
     }
 
-    /// Send a signal (SIGKILL, SIGSTOP, SIGCONT, ...).
+    /// Send a signal (SIGKILL, SIGSTOP, SIGCONT, ...). A SIGSTOP returns
+    /// once every thread of the process is stopped: `kill` only queues it,
+    /// and a node went on answering replication for a few milliseconds
+    /// after it (CI, 2026-11-28: a test's "stopped" peer took what the
+    /// test needed queued).
     pub fn signal(&self, sig: i32) {
         unsafe { libc::kill(self.child.id() as i32, sig) };
+        if sig == libc::SIGSTOP {
+            wait_stopped(self.child.id(), Duration::from_secs(10));
+        }
     }
 
-    /// `kill -9`, and wait for the process to be gone.
+    /// `kill -9`, and wait for the process to be gone and its port free.
     pub fn kill9(&mut self) {
         self.signal(libc::SIGKILL);
         let _ = self.child.wait();
+        wait_port_free(self.addr);
     }
 
     /// SIGTERM, and the exit status.
@@ -222,6 +231,7 @@ impl Node {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
+                wait_port_free(self.addr);
                 return status;
             }
             assert!(
@@ -375,6 +385,18 @@ pub struct Pop {
     pub sequence: u32,
     pub content_type: String,
     pub body: String,
+    /// Every header as read (names in lower case), in order.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Pop {
+    /// A header's value (`name` in lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// How the sink answers.
@@ -492,6 +514,7 @@ fn serve_sink(stream: TcpStream, pops: Arc<(Mutex<Vec<Pop>>, Condvar)>, behaviou
             sequence,
             content_type,
             body: String::from_utf8_lossy(&body).into_owned(),
+            headers: headers.clone(),
         };
         {
             let (lock, cv) = &*pops;
@@ -707,4 +730,54 @@ pub fn p99_late(pops: &[Pop], due: &[Instant]) -> Duration {
         .collect();
     late.sort();
     late[late.len() * 99 / 100 - 1]
+}
+
+/// Wait until every thread of process `pid` is in the stopped state (`T`,
+/// or `t` if traced, in `/proc/<pid>/task/<tid>/stat`), or panic after
+/// `timeout` or at once if it exited.
+pub fn wait_stopped(pid: u32, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let stopped = || -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        tasks.flatten().all(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // The state follows the command name's closing parenthesis.
+            let state = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
+            assert!(
+                !matches!(state, Some('Z' | 'X')),
+                "process {pid} exited instead of stopping"
+            );
+            matches!(state, Some('T' | 't'))
+        })
+    };
+    while !stopped() {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} did not stop within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Wait until `addr` can be listened on again (10 s at most): the kernel
+/// tears a process's io_uring down after the process is reaped, and its
+/// listening sockets with it, so a node restarted at once on the same
+/// address could find it taken and refuse to start. Only "in use" waits:
+/// an address of another network namespace is not this one's to probe.
+pub fn wait_port_free(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = TcpListener::bind(addr) {
+        if e.kind() != std::io::ErrorKind::AddrInUse {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr} stays taken after its node exited"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -3,6 +3,8 @@
 //! `start-time-delta` optionally in a fixed-width field that the sender
 //! rewrites in place at each send (`write_delta`).
 
+use crate::timer::extras;
+use crate::timer::spec::AttemptState;
 use std::io::Write;
 
 /// Bytes the `start-time-delta` value takes in a queued body: an `i64`
@@ -38,6 +40,12 @@ pub struct Body<'a> {
     /// applies it only over an older version, never by sequence or as a
     /// tombstone at a tie (a re-send after a start, `shard/resend.rs`).
     pub only_newer: bool,
+    /// The timer's extensions (`timer::extras`: the delivery policy),
+    /// written into `callback`; empty for most timers.
+    pub ext: &'a [u8],
+    /// `delivery-state`: one pop's attempts (issue 41), when this body
+    /// reports them rather than a change of the timer.
+    pub attempt: Option<AttemptState>,
 }
 
 /// Seconds with millisecond resolution, as the codec reads them.
@@ -78,10 +86,8 @@ pub fn write_delta(field: &mut [u8], delta_ms: i64) {
 }
 
 fn encode(out: &mut Vec<u8>, b: &Body<'_>, patchable: bool) -> Option<usize> {
-    out.extend_from_slice(b"{\"timing\":{\"interval\":");
-    write_seconds(out, b.interval_ms);
-    out.extend_from_slice(b",\"repeat-for\":");
-    write_seconds(out, b.repeat_for_ms);
+    out.extend_from_slice(b"{\"timing\":{");
+    write_periods(out, b);
     if let Some(ms) = b.start_time_unix_ms {
         let _ = write!(out, ",\"start-time\":{}", ms % u32::MAX as u64);
     }
@@ -98,15 +104,7 @@ fn encode(out: &mut Vec<u8>, b: &Body<'_>, patchable: bool) -> Option<usize> {
         ",\"sequence-number\":{},\"version\":{}}},\"callback\":",
         b.sequence, b.version_us
     );
-    if b.uri.is_empty() {
-        out.extend_from_slice(b"{}");
-    } else {
-        out.extend_from_slice(b"{\"http\":{\"uri\":");
-        write_json_str(out, b.uri);
-        out.extend_from_slice(b",\"opaque\":");
-        write_json_str(out, b.opaque);
-        out.extend_from_slice(b"}}");
-    }
+    write_callback(out, b);
     let _ = write!(
         out,
         ",\"reliability\":{{\"replication-factor\":{},\"cluster-view-id\":\"{}\"",
@@ -142,8 +140,90 @@ fn encode(out: &mut Vec<u8>, b: &Body<'_>, patchable: bool) -> Option<usize> {
         }
         out.extend_from_slice(b"]}");
     }
+    if let Some(a) = &b.attempt {
+        write_attempt(out, a);
+    }
     out.push(b'}');
     patchable.then_some(delta_at)
+}
+
+/// The `callback` object: `{}` for a tombstone.
+fn write_callback(out: &mut Vec<u8>, b: &Body<'_>) {
+    if b.uri.is_empty() {
+        out.extend_from_slice(b"{}");
+        return;
+    }
+    out.extend_from_slice(b"{\"http\":{\"uri\":");
+    write_json_str(out, b.uri);
+    out.extend_from_slice(b",\"opaque\":");
+    write_json_str(out, b.opaque);
+    out.push(b'}');
+    write_delivery(out, b.ext);
+    out.push(b'}');
+}
+
+/// `,"retry":{...},"dead-letter":{...}` inside `callback`, from the
+/// timer's extensions (nothing without a policy).
+fn write_delivery(out: &mut Vec<u8>, ext: &[u8]) {
+    let Some(d) = extras::delivery(ext) else {
+        return;
+    };
+    out.extend_from_slice(b",\"retry\":");
+    d.retry.write_json(out);
+    if !d.dead_letter.is_empty() {
+        out.extend_from_slice(b",\"dead-letter\":{\"http\":{\"uri\":");
+        write_json_str(out, d.dead_letter);
+        out.extend_from_slice(b"}}");
+    }
+}
+
+/// The timing's first keys: `"interval":..,"repeat-for":..` as seed 000
+/// has them; with a wall-clock or calendar timing (issue 42, from the
+/// timer's extensions) its keys as a client writes them (`at` alone;
+/// `start-at` with `interval` and `repeat-for`; `cron`, `time-zone` and
+/// `repeat-for`, with the cursor in `cron-cursor-ms`), and
+/// `start-unix-ms`: an absolute start, so no receiver counts it from its
+/// own clock.
+fn write_periods(out: &mut Vec<u8>, b: &Body<'_>) {
+    let timing = extras::timing(b.ext);
+    match timing.map(|t| t.kind) {
+        None | Some(extras::TimingKind::StartAt) => {
+            out.extend_from_slice(b"\"interval\":");
+            write_seconds(out, b.interval_ms);
+            out.extend_from_slice(b",\"repeat-for\":");
+            write_seconds(out, b.repeat_for_ms);
+        }
+        Some(extras::TimingKind::At) => out.extend_from_slice(b"\"repeat-for\":null"),
+        Some(extras::TimingKind::Cron) => {
+            out.extend_from_slice(b"\"repeat-for\":");
+            write_seconds(out, b.repeat_for_ms);
+            let _ = write!(out, ",\"cron-cursor-ms\":{}", b.interval_ms);
+        }
+    }
+    let Some(t) = timing else {
+        return;
+    };
+    let key: &[u8] = match t.kind {
+        extras::TimingKind::At => b",\"at\":",
+        extras::TimingKind::StartAt => b",\"start-at\":",
+        extras::TimingKind::Cron => b",\"cron\":",
+    };
+    out.extend_from_slice(key);
+    write_json_str(out, t.text);
+    if t.kind == extras::TimingKind::Cron {
+        out.extend_from_slice(b",\"time-zone\":");
+        write_json_str(out, t.zone);
+    }
+    let _ = write!(out, ",\"start-unix-ms\":{}", t.start_unix_ms);
+}
+
+/// `,"delivery-state":{...}` at the top level.
+fn write_attempt(out: &mut Vec<u8>, a: &AttemptState) {
+    let _ = write!(
+        out,
+        ",\"delivery-state\":{{\"sequence\":{},\"attempts\":{},\"first-attempt\":{},\"next-attempt\":{},\"last-outcome\":{},\"done\":{}}}",
+        a.sequence, a.attempts, a.first_unix_ms, a.next_unix_ms, a.last_outcome, a.done
+    );
 }
 
 #[cfg(test)]
@@ -170,6 +250,8 @@ pub(super) mod tests {
             tags: &tags,
             start_time_unix_ms: None,
             only_newer: true,
+            ext: &[],
+            attempt: None,
         };
         let mut out = Vec::new();
         encode_body(&mut out, &body);
@@ -214,6 +296,54 @@ pub(super) mod tests {
         assert!(!s.replication.unwrap().only_newer);
     }
 
+    /// A timing section (issue 42) travels as its keys and an absolute
+    /// start, and a cron timer's `interval` is its cursor.
+    #[test]
+    fn a_timing_travels_absolute() {
+        use crate::timer::extras::{push_timing, TimingKind, TimingRef};
+        let timing = TimingRef {
+            kind: TimingKind::Cron,
+            start_unix_ms: 1_790_000_000_000,
+            text: "*/2 * * * * *",
+            zone: "Europe/Paris",
+        };
+        let mut ext = Vec::new();
+        push_timing(&mut ext, &timing);
+        let body = Body {
+            interval_ms: 4_000,
+            repeat_for_ms: 60_000,
+            replicas: &["10.0.0.1:7253"],
+            ext: &ext,
+            ..body_with_delta(-30)
+        };
+        let mut out = Vec::new();
+        encode_body(&mut out, &body);
+        let s = spec::parse(&out, crate::http::uri::check).unwrap();
+        let t = s.timing.as_deref().expect("the timing");
+        assert_eq!(t.to_ref(t.start_unix_ms.unwrap()), timing);
+        assert_eq!((s.interval_ms, s.repeat_for_ms), (4_000, 60_000));
+        let at = TimingRef {
+            kind: TimingKind::At,
+            text: "2026-12-01T09:00:00+01:00",
+            zone: "",
+            ..timing
+        };
+        ext.clear();
+        push_timing(&mut ext, &at);
+        let body = Body {
+            interval_ms: 0,
+            repeat_for_ms: 0,
+            replicas: &["10.0.0.1:7253"],
+            ext: &ext,
+            ..body_with_delta(-30)
+        };
+        out.clear();
+        encode_body(&mut out, &body);
+        let s = spec::parse(&out, crate::http::uri::check).unwrap();
+        let t = s.timing.as_deref().expect("the timing");
+        assert_eq!(t.to_ref(t.start_unix_ms.unwrap()), at);
+    }
+
     pub(crate) fn body_with_delta(delta_ms: i64) -> Body<'static> {
         Body {
             interval_ms: 1000,
@@ -230,6 +360,8 @@ pub(super) mod tests {
             tags: &[],
             start_time_unix_ms: None,
             only_newer: false,
+            ext: &[],
+            attempt: None,
         }
     }
 

@@ -56,7 +56,7 @@ use crate::runtime::gate::Gate;
 use crate::stats::ShardStats;
 use queue::Peer;
 use sender::Sender;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -122,6 +122,10 @@ pub struct Replicator {
     acks: Rc<Acks>,
     /// Tombstones owed to members.
     owed: Rc<Owed>,
+    /// Bumped by a [`Replicator::set_peers`] that changes the peers or
+    /// their order: a peer mask taken before it names other peers after
+    /// it (a repair's slice is scanned again).
+    peers_epoch: Cell<u64>,
 }
 
 impl Replicator {
@@ -158,6 +162,7 @@ impl Replicator {
             scratch: RefCell::new(Vec::with_capacity(1024)),
             acks: Rc::new(Acks::default()),
             owed: Rc::new(Owed::default()),
+            peers_epoch: Cell::new(0),
         }
     }
 
@@ -178,7 +183,14 @@ impl Replicator {
                     .find(|p| p.address == *address && p.socket == *socket)
                 {
                     Some(p) => p.clone(),
-                    None => Peer::new(address, *socket, None),
+                    None => {
+                        // A node moved to another socket is still owed the
+                        // re-send at start under its address.
+                        let p = Peer::new(address, *socket, None);
+                        let moved = current.iter().find(|p| p.address == *address);
+                        p.resending.set(moved.is_some_and(|m| m.resending.get()));
+                        p
+                    }
                 }
             })
             .collect();
@@ -188,7 +200,18 @@ impl Replicator {
                 old.wake.notify();
             }
         }
+        let same =
+            current.len() == next.len() && current.iter().zip(&next).all(|(a, b)| Rc::ptr_eq(a, b));
         *current = next;
+        if !same {
+            self.peers_epoch.set(self.peers_epoch.get() + 1);
+        }
+    }
+
+    /// Changes with every change of the peer list or its order: a peer
+    /// mask is valid only under the epoch it was taken in.
+    pub fn peers_epoch(&self) -> u64 {
+        self.peers_epoch.get()
     }
 
     /// The acknowledgements client operations wait for: a ticket opened
@@ -208,14 +231,29 @@ impl Replicator {
         self.peers.borrow().get(i).map(|p| p.address.clone())
     }
 
-    /// What this shard has owed the peer at `address`: messages ever
-    /// queued for it, ever settled (taken, refused or given up), and
-    /// whether it owes it a repair. `None` if it is not a peer.
+    /// What this shard has owed the peer at `address`, asked by that
+    /// peer's hand-off: messages ever queued for it, ever settled (taken,
+    /// refused or given up), and whether it owes it a repair (marked,
+    /// running, or with messages still unsettled) or the re-send at start
+    /// (running for it, or with messages still unsettled). `None` if it is not a
+    /// peer. A peer that asks is back and waits for the answer (at most
+    /// 15 s): a repair owed to it is due [`REPAIR_BACKOFF_MS_MIN`] after
+    /// the last one at the latest, whatever its back-off, or the hand-off
+    /// gives up first and the peer pops what the repair would have
+    /// deleted. (Not sooner: a peer that asks again and again still gets
+    /// at most one repair per that time.)
     pub fn owed(&self, address: &str) -> Option<(u64, u64, bool)> {
         let peers = self.peers.borrow();
         let p = peers.iter().find(|p| p.address == address)?;
-        let repair = p.repair_owed.get() || p.repairing.get();
-        Some((p.queued_total.get(), p.settled_total.get(), repair))
+        if p.repair_owed.get() {
+            let soonest_ms = p.repair_last_ms.get() + REPAIR_BACKOFF_MS_MIN;
+            p.repair_at_ms.set(p.repair_at_ms.get().min(soonest_ms));
+        }
+        Some((
+            p.queued_total.get(),
+            p.settled_total.get(),
+            p.repair_pending(),
+        ))
     }
 
     /// Start `peer`'s sender task (it holds the gate); `false` at shutdown.

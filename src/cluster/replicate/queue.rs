@@ -80,6 +80,13 @@ pub(super) struct Peer {
     pub(super) repair_owed: Cell<bool>,
     /// A repair of it is running ([`Replicator::repair_done`] ends it).
     pub(super) repairing: Cell<bool>,
+    /// `queued_total` when the last repair had queued its last message:
+    /// until `settled_total` reaches it, what the repair sent may still be
+    /// in the queue, and a hand-off still waits ([`Peer::repair_pending`]).
+    pub(super) repair_tail: Cell<u64>,
+    /// The re-send at start (`shard/resend.rs`) has not yet queued all it
+    /// holds for this peer: a hand-off waits ([`Peer::repair_pending`]).
+    pub(super) resending: Cell<bool>,
     /// Repairs back off (a peer that refuses for good would otherwise get
     /// everything again every `deliver_within`): the next may start at
     /// `repair_at_ms` (engine clock); the last started at
@@ -116,12 +123,25 @@ impl Peer {
             settled_total: Cell::new(0),
             repair_owed: Cell::new(false),
             repairing: Cell::new(false),
+            repair_tail: Cell::new(0),
+            resending: Cell::new(false),
             repair_at_ms: Cell::new(0),
             repair_last_ms: Cell::new(0),
             repair_backoff_ms: Cell::new(0),
             late_logged: Cell::new(false),
             site,
         })
+    }
+
+    /// Whether a repair is owed, running, or has messages not yet settled
+    /// (queued by a repair or a re-send at start that has ended), or the
+    /// re-send at start still runs for it: a restarted peer's hand-off
+    /// waits for all four, or it pops before the deletes arrive.
+    pub(super) fn repair_pending(&self) -> bool {
+        self.repair_owed.get()
+            || self.repairing.get()
+            || self.resending.get()
+            || self.settled_total.get() < self.repair_tail.get()
     }
 }
 

@@ -5,6 +5,7 @@
 //! [`Sent`]). Data only: the queue is the pool's, the sending the lane's.
 
 use super::error::Failure;
+use super::response::Answer;
 use crate::runtime::notify::Notify;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -15,10 +16,17 @@ use std::time::Instant;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallbackKey {
     pub unique: u64,
+    /// The timer ID's replica bloom: with `unique`, the full ID a signed
+    /// callback's `webhook-id` names.
+    pub bloom: u64,
     pub version: u64,
     pub sequence: u32,
     /// When the pop was due (engine ms), for [`Sent`].
     pub due_ms: u64,
+    /// Which attempt of the pop this is: 0 for a timer without a delivery
+    /// policy (the request is the reference's, no `X-Chronos-Attempt`),
+    /// else 1, 2, ... (sent as `X-Chronos-Attempt`).
+    pub attempt: u8,
 }
 
 /// Whether a queued callback should still be sent (set by the layer that
@@ -40,8 +48,8 @@ pub(super) struct Job {
     pub(super) taken: Cell<bool>,
     /// Its caller gave up before a lane took it: lanes skip it.
     pub(super) withdrawn: Cell<bool>,
-    /// The status, or why there is none; set by the lane.
-    pub(super) result: RefCell<Option<Result<u16, Failure>>>,
+    /// The answer, or why there is none; set by the lane.
+    pub(super) result: RefCell<Option<Result<Answer, Failure>>>,
     pub(super) done: Notify,
 }
 
@@ -58,5 +66,5 @@ impl Job {
     }
 }
 
-/// A lane's batch of jobs and their statuses.
-pub(super) type LaneVecs = (Vec<Rc<Job>>, Vec<u16>);
+/// A lane's batch of jobs and their answers.
+pub(super) type LaneVecs = (Vec<Rc<Job>>, Vec<Answer>);

@@ -3,16 +3,18 @@
 //! lane and sends one pipelined batch, its own request first, then the
 //! oldest queued ones, up to the target's batch limit, which adapts to the
 //! target's answer rate. A callback no longer wanted is withdrawn unsent;
-//! one not taken within its caller's wait is withdrawn too.
+//! one not taken within its caller's wait is withdrawn too. What the
+//! requests say (a callback's, a dead letter's, the signature) is
+//! `deliver.rs`'s.
 
-use super::error::{Failure, RequestError};
+use super::error::{Broken, Failure, RequestError};
 use super::job::{CallbackKey, Job, Wanted};
 use super::pool::{HostPool, PoolKey, LANE_BATCH_MAX};
-use super::request::{build_request, pool_key, Request};
+use super::request::{pool_key, Request};
+use super::response::Answer;
 use super::Client;
-use crate::http::format_u32;
 use crate::http::permits::Permit;
-use crate::http::uri;
+use crate::http::sign::MessageId;
 use crate::runtime::sleep::sleep;
 use futures_lite::future;
 use std::cell::Cell;
@@ -84,46 +86,6 @@ fn take_jobs(pool: &HostPool, own: &Rc<Job>, wanted: &Option<Wanted>, batch: &mu
 }
 
 impl Client {
-    /// Deliver one pop: `POST <uri>` with the opaque data, `X-Sequence-Number`
-    /// and `Content-Type: application/octet-stream`. Ok on any 2xx. `wait`:
-    /// how long it may wait for a connection to the target (its name
-    /// resolved included) before it is sent (`None`: as long as it takes;
-    /// the caller bounds the count). `key`: asked of the `wanted` check
-    /// before it is sent.
-    pub async fn callback(
-        &self,
-        uri: &str,
-        opaque: &[u8],
-        key: CallbackKey,
-        wait: Option<Duration>,
-    ) -> Result<(), RequestError> {
-        let unsent = RequestError::unsent;
-        let target = uri::parse(uri).map_err(unsent)?;
-        let mut seq_buf = [0u8; 10];
-        let seq = format_u32(&mut seq_buf, key.sequence);
-        let headers: [(&str, &[u8]); 2] = [
-            ("Content-Type", b"application/octet-stream"),
-            ("X-Sequence-Number", seq),
-        ];
-        let request = Request {
-            host: target.host,
-            port: target.port,
-            tls: target.tls,
-            authority: target.authority,
-            method: "POST",
-            path: target.path,
-            headers: &headers,
-            body: opaque,
-            want_body: false,
-        };
-        let status = self.send_queued(&request, key, wait).await?;
-        if (200..300).contains(&status) {
-            Ok(())
-        } else {
-            Err(RequestError::sent(format!("callback answered {status}")))
-        }
-    }
-
     /// Queue `r` for its target's lanes and wait for its status. Whichever
     /// waiting request gets a connection permit becomes a lane: it sends
     /// one pipelined batch on one connection, its own request first and
@@ -133,20 +95,23 @@ impl Client {
     /// connections; and a lane's caller is done within one batch (at most
     /// the timeout) of getting its permit, whatever else is queued: the
     /// skew rule counts on it. A request not taken by a lane within `wait`
-    /// is withdrawn, unsent.
-    async fn send_queued(
+    /// is withdrawn, unsent. `key`: what the `wanted` check and the `sent`
+    /// hook are asked about (`None`: neither). `msg`: signed as this
+    /// message when signing keys are set.
+    pub(super) async fn send_queued(
         &self,
         r: &Request<'_>,
-        key: CallbackKey,
+        key: Option<CallbackKey>,
         wait: Option<Duration>,
-    ) -> Result<u16, RequestError> {
+        msg: Option<MessageId<'_>>,
+    ) -> Result<Answer, RequestError> {
         let unsent = RequestError::unsent;
         let wait_until = wait.map(|w| Instant::now() + w);
         let resolve_for = wait.map_or(self.timeout, |w| w.min(self.timeout));
         let addr = self
             .resolve_for(r.host, r.port, resolve_for)
             .await
-            .map_err(unsent)?;
+            .map_err(RequestError::unreached)?;
         // The address this callback will connect to, as resolved now: a
         // name allowed at create time may point elsewhere since.
         if let Some(guard) = &*self.guard.borrow() {
@@ -159,17 +124,13 @@ impl Client {
         }
         let to = pool_key(addr, r);
         let pool = self.pool(&to);
-        pool.admit_waiter(addr, pool.queued.get()).map_err(unsent)?;
-        let mut request = self.take_buffer();
-        build_request(
-            &mut request,
-            r.method,
-            r.path,
-            r.authority,
-            r.headers,
-            r.body,
-        );
-        let job = self.take_job(request, Some(key));
+        let queued = pool.queued.get();
+        pool.admit_waiter(addr, queued)
+            .map_err(RequestError::unreached)?;
+        // Signed (when it is) as it is queued: nothing is awaited between
+        // the clock read and the bytes.
+        let request = self.build_queued(r, msg);
+        let job = self.take_job(request, key);
         pool.jobs.borrow_mut().push_back(job.clone());
         pool.queued.set(pool.queued.get() + 1);
         let result = {
@@ -198,7 +159,7 @@ impl Client {
         key: &PoolKey,
         job: &Rc<Job>,
         wait_until: Option<Instant>,
-    ) -> Result<u16, Option<Failure>> {
+    ) -> Result<Answer, Option<Failure>> {
         loop {
             let result = job.result.borrow_mut().take();
             if let Some(result) = result {
@@ -286,9 +247,9 @@ impl Client {
         self.adapt_batch(pool, batch.len(), sent_at.elapsed(), result.is_ok());
         for (i, job) in batch.drain(..).enumerate() {
             let outcome = match (statuses.get(i), &result) {
-                (Some(&status), _) => Ok(status),
+                (Some(&answer), _) => Ok(answer),
                 (None, Err(e)) => Err(Failure::Sent(e.clone())),
-                (None, Ok(())) => Err(Failure::Sent("no answer".to_string())),
+                (None, Ok(())) => Err(Failure::Sent(Broken::transport("no answer".into()))),
             };
             *job.result.borrow_mut() = Some(outcome);
             job.done.notify();

@@ -14,7 +14,8 @@
 //! chunked, or close-delimited bodies, bounded in size.
 //!
 //! One concern per file: the [`Client`] type, its settings and public
-//! surface (here); the pools (`pool.rs`); callback lanes (`lane.rs`) and
+//! surface (here); what a callback and a dead letter say, signed or not
+//! (`deliver.rs`); the pools (`pool.rs`); callback lanes (`lane.rs`) and
 //! the queued callbacks they send (`job.rs`); single requests and
 //! pipelined batches (`request.rs`); permits, connect and TLS
 //! (`connect.rs`); the connection itself (`stream.rs`); the DNS cache
@@ -25,6 +26,7 @@
 //! [`read_response`]: response::read_response
 
 mod connect;
+mod deliver;
 mod error;
 mod job;
 mod lane;
@@ -35,6 +37,7 @@ mod response;
 mod spare;
 mod stream;
 
+pub use deliver::DeadLetter;
 pub use error::RequestError;
 pub use job::{CallbackKey, Sent, Wanted};
 pub use pool::{HOSTS_MAX, IDLE_PER_HOST_MAX, LANE_BATCH_MAX, QUEUED_PER_HOST_MAX};
@@ -42,6 +45,7 @@ pub use resolve::NAMES_MAX;
 pub use response::{frame_response, Response, RESPONSE_BODY_MAX, RESPONSE_HEAD_MAX};
 
 use super::guard::Guard;
+use super::sign::{self, SigningKeys};
 use job::{Job, LaneVecs};
 use pool::{HostPool, PoolKey};
 use std::cell::RefCell;
@@ -78,6 +82,10 @@ pub struct Client {
     /// `[timers] callback-allow`: checked on the address a callback is
     /// about to use (`None`: every address).
     guard: RefCell<Option<Arc<Guard>>>,
+    /// `[timers] callback-signing-keys` (`None`: callbacks go unsigned).
+    signing_keys: RefCell<Option<Arc<SigningKeys>>>,
+    /// The signature headers' buffer, signed into again for each request.
+    signed: RefCell<sign::Headers>,
 }
 
 /// A client's timeouts and bounds.
@@ -108,6 +116,8 @@ impl Client {
             tls: None,
             peer_tls: None,
             guard: RefCell::new(None),
+            signing_keys: RefCell::new(None),
+            signed: RefCell::new(sign::Headers::default()),
         }
     }
 

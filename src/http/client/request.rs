@@ -5,9 +5,9 @@
 //! from the send. Also the request's bytes (`build_request`) and the pool
 //! a request belongs to.
 
-use super::error::RequestError;
+use super::error::{Broken, RequestError};
 use super::pool::PoolKey;
-use super::response::{read_response, Exchange, Recv, Response};
+use super::response::{read_response, Answers, Exchange, Recv, Response};
 use super::stream::Stream;
 use super::Client;
 use crate::runtime::sleep::sleep;
@@ -102,7 +102,10 @@ impl Client {
             }
             unreachable!("the second attempt returns")
         };
-        let result = future::or(work, self.expire(deadline)).await;
+        let result = future::or(async { work.await.map_err(Broken::transport) }, async {
+            self.expire(deadline).await.map_err(Broken::timeout)
+        })
+        .await;
         self.give_buffer(out);
         self.give_batch_buffer(received);
         pool.failed_at.set(result.is_err().then(Instant::now));
@@ -128,20 +131,22 @@ impl Client {
         let on_wire = Cell::new(None);
         self.pipeline_on(&key, requests, count, timeout, statuses, &on_wire)
             .await
+            .map_err(|e| e.reason)
     }
 
     /// [`Client::pipeline`] to `key`'s pool; `on_wire` gets when the
     /// batch's first byte was handed to the connection (a callback lane's
-    /// pop lateness).
+    /// pop lateness). `statuses` takes each answer (a lane keeps its
+    /// `Retry-After` too); the error says whether the timeout passed.
     pub(super) async fn pipeline_on(
         &self,
         key: &PoolKey,
         requests: &[u8],
         count: usize,
         timeout: Duration,
-        statuses: &mut Vec<u16>,
+        statuses: &mut impl Answers,
         on_wire: &Cell<Option<Instant>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Broken> {
         assert!(count > 0 && !requests.is_empty(), "a batch has requests");
         statuses.clear();
         let pool = self.pool(key);
@@ -170,9 +175,13 @@ impl Client {
             }
             unreachable!("the second attempt returns")
         };
+        let work = async { work.await.map_err(Broken::transport) };
         let expire = async {
             sleep(deadline.saturating_duration_since(Instant::now())).await;
-            Err(format!("no answer within {} ms", timeout.as_millis()))
+            Err(Broken::timeout(format!(
+                "no answer within {} ms",
+                timeout.as_millis()
+            )))
         };
         let result = future::or(work, expire).await;
         self.give_batch_buffer(received);
@@ -245,7 +254,7 @@ async fn exchange_batch(
     stream: &mut Stream,
     requests: &[u8],
     count: usize,
-    statuses: &mut Vec<u16>,
+    statuses: &mut impl Answers,
     buf: &mut Vec<u8>,
 ) -> Result<bool, Exchange> {
     stream
@@ -257,7 +266,7 @@ async fn exchange_batch(
     while statuses.len() < count {
         let (response, reusable) = read_response(stream, &mut recv, false, false).await?;
         keep = reusable;
-        statuses.push(response.status);
+        statuses.push_answer(response.status, response.retry_after_ms);
         if !keep && statuses.len() < count {
             return Err(Exchange::Failed("peer closed mid-batch".into()));
         }

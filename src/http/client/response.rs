@@ -4,10 +4,15 @@
 //! Bodies are framed by Content-Length, chunked coding or the close, and
 //! bounded: a head by [`RESPONSE_HEAD_MAX`], a body (decoded or not) by
 //! [`RESPONSE_BODY_MAX`]. [`frame_response`] runs the same parser and
-//! decoder on one buffer held whole (the fuzz target's entry).
+//! decoder on one buffer held whole (the fuzz target's entry). A non-2xx
+//! answer's `Retry-After` is read as a delay ([`retry_after_ms`]) in the
+//! same pass over the head; a 2xx's is not looked at, and nothing is kept
+//! but the number.
 
 use super::stream::Stream;
 use crate::http::{content_length, trim_ows};
+use crate::runtime::clock;
+use crate::timer::retry::retry_after_ms;
 
 /// Largest response head and body read.
 pub const RESPONSE_HEAD_MAX: usize = 16 * 1024;
@@ -22,6 +27,59 @@ pub(super) const FIRST_READ: usize = 1024;
 pub struct Response {
     pub status: u16,
     pub body: Vec<u8>,
+    /// A non-2xx answer's `Retry-After` as a delay in ms (a number of
+    /// seconds or an HTTP date; `None` when absent, unreadable, or the
+    /// answer is a 2xx).
+    pub retry_after_ms: Option<u64>,
+}
+
+/// What a pipelined batch's reader keeps of each answer, in order.
+pub(super) trait Answers {
+    fn clear(&mut self);
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn push_answer(&mut self, status: u16, retry_after_ms: Option<u64>);
+}
+
+/// The status alone (replication).
+impl Answers for Vec<u16> {
+    fn clear(&mut self) {
+        Vec::clear(self)
+    }
+
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn push_answer(&mut self, status: u16, _: Option<u64>) {
+        self.push(status)
+    }
+}
+
+/// One answer to a queued request: its status and `Retry-After`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Answer {
+    pub(super) status: u16,
+    pub(super) retry_after_ms: Option<u64>,
+}
+
+impl Answers for Vec<Answer> {
+    fn clear(&mut self) {
+        Vec::clear(self)
+    }
+
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn push_answer(&mut self, status: u16, retry_after_ms: Option<u64>) {
+        self.push(Answer {
+            status,
+            retry_after_ms,
+        })
+    }
 }
 
 pub(super) enum Exchange {
@@ -99,12 +157,14 @@ impl<'b> Recv<'b> {
     }
 }
 
-/// A response head: status, length, body framing, keep-alive.
+/// A response head: status, length, body framing, keep-alive, and a
+/// non-2xx answer's `Retry-After`.
 struct Head {
     status: u16,
     len: usize,
     framing: Framing,
     keep: bool,
+    retry_after_ms: Option<u64>,
 }
 
 /// Read one response from `recv` (reading more as needed), leaving any
@@ -137,6 +197,7 @@ pub(super) async fn read_response(
         Response {
             status: head.status,
             body,
+            retry_after_ms: head.retry_after_ms,
         },
         keep,
     ))
@@ -206,6 +267,7 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
     let status = resp.code.unwrap_or(0);
     let mut keep = resp.version == Some(1);
     let (mut length, mut coding): (Option<usize>, Option<&[u8]>) = (None, None);
+    let mut retry_after = None;
     for h in resp.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
             // As strict as the server's reading of a request's: one length,
@@ -224,8 +286,14 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
             } else if h.value.eq_ignore_ascii_case(b"keep-alive") {
                 keep = true;
             }
+        } else if h.name.eq_ignore_ascii_case("retry-after") {
+            // The last one counts; a 2xx's is never read.
+            retry_after = Some(h.value);
         }
     }
+    let retry_after_ms = retry_after
+        .filter(|_| !(200..300).contains(&status))
+        .and_then(|value| retry_after_ms(value, clock::unix_ms()));
     // Transfer-Encoding overrides Content-Length: its last coding decides
     // (chunked, or else the body runs until the close); with no coding
     // in it, the length frames the body.
@@ -248,6 +316,7 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Option<Head>, Exchange> {
         len,
         framing,
         keep,
+        retry_after_ms,
     }))
 }
 

@@ -5,7 +5,7 @@
 //! buffer at most 1 MiB); beyond them what is given back is dropped.
 
 use super::job::{CallbackKey, Job};
-use super::response::FIRST_READ;
+use super::response::{Answer, FIRST_READ};
 use super::Client;
 use std::rc::Rc;
 
@@ -41,7 +41,7 @@ impl Client {
     }
 
     /// Keep a lane's (emptied) batch vectors for the next lane.
-    pub(super) fn give_batch(&self, mut batch: Vec<Rc<Job>>, mut statuses: Vec<u16>) {
+    pub(super) fn give_batch(&self, mut batch: Vec<Rc<Job>>, mut statuses: Vec<Answer>) {
         batch.clear();
         statuses.clear();
         let mut spare = self.spare_batches.borrow_mut();

@@ -118,7 +118,7 @@ impl NetRing {
     /// (`timeouts_ms`: idle, write); both end once `stop` is set.
     fn spawn_helpers(self: &Rc<Self>, efd: RawFd, stop: Rc<Cell<bool>>, timeouts_ms: (u64, u64)) {
         let (ring, stopped) = (self.clone(), stop.clone());
-        glommio::spawn_local(async move {
+        crate::runtime::spawn::spawn_local(async move {
             // SAFETY: `efd` is ours; the file owns and closes it.
             let file = unsafe { glommio::io::BufferedFile::from_raw_fd(efd) };
             while !stopped.get() {
@@ -131,7 +131,7 @@ impl NetRing {
         })
         .detach();
         let ring = self.clone();
-        glommio::spawn_local(async move {
+        crate::runtime::spawn::spawn_local(async move {
             // A connection closes after more than `idle_sweeps` whole periods
             // without input (or `write_sweeps` without output progress):
             // never before the timeout, at most two periods after it.

@@ -159,6 +159,8 @@ mod tests {
             tags,
             start_time_unix_ms: Some(1_764_000_000_123),
             only_newer: false,
+            ext: &[],
+            attempt: None,
         };
         let mut timer = Vec::new();
         crate::cluster::replicate::encode_body(&mut timer, &body);

@@ -14,7 +14,7 @@ use crate::shard::room::{Room, Who};
 use crate::shard::Shard;
 use crate::stats::ShardStats;
 use crate::timer::spec::TAGS_MAX;
-use crate::timer::TimerId;
+use crate::timer::{TimerHead, TimerId, TimerSpec};
 use futures_lite::future;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -170,6 +170,22 @@ impl Run<'_> {
 
     /// Seed 003's rules for one listed timer; the `(ID, ReplicaIndex)`
     /// to tell the leaving nodes.
+    /// Send an entry's timer to the `replicate` peers and its tombstone
+    /// to the `tombstone` ones (masks), naming its `new` replicas.
+    fn pass_on(&self, head: &TimerHead, spec: &TimerSpec, new: &[&str], masks: (u64, u64)) {
+        let (shard, cluster) = (self.shard, self.cluster);
+        let mut tags = [("", 0u32); TAGS_MAX];
+        for (slot, (name, count)) in tags.iter_mut().zip(&spec.tags) {
+            *slot = (name.as_ref(), *count);
+        }
+        let tags = &tags[..spec.tags.len().min(TAGS_MAX)];
+        let ext = super::super::replication::ext_of(spec, head);
+        let callback = (spec.uri.as_ref(), spec.opaque.as_ref(), &ext[..]);
+        shard.send_replication(cluster, head, callback, tags, new, masks.0);
+        let tombstone = super::super::replication::TOMBSTONE;
+        shard.send_replication(cluster, head, tombstone, &[], new, masks.1);
+    }
+
     async fn apply_entry(
         &mut self,
         e: Entry<'_>,
@@ -216,16 +232,12 @@ impl Run<'_> {
         // now: applying a page can take a while (backpressure), and every
         // ms of it would make this copy pop a ms late. (Never early: the
         // page was written before it arrived.)
-        let lag_ms = clock::now_ms().saturating_sub(received_ms);
-        head.start_ms = head.start_ms.saturating_sub(lag_ms);
-        let mut tags = [("", 0u32); TAGS_MAX];
-        for (slot, (name, count)) in tags.iter_mut().zip(&spec.tags) {
-            *slot = (name.as_ref(), *count);
+        // (An absolute start, issue 42's timing, needs no such care.)
+        if spec.timing.is_none() {
+            let lag_ms = clock::now_ms().saturating_sub(received_ms);
+            head.start_ms = head.start_ms.saturating_sub(lag_ms);
         }
-        let tags = &tags[..spec.tags.len().min(TAGS_MAX)];
-        let callback = (spec.uri.as_ref(), spec.opaque.as_ref());
-        shard.send_replication(cluster, &head, callback, tags, &new, replicate);
-        shard.send_replication(cluster, &head, ("", ""), &[], &new, tombstone);
+        self.pass_on(&head, &spec, &new, (replicate, tombstone));
         let s = shard.base.my_stats();
         ShardStats::add(&s.resync_replicated, replicate.count_ones() as u64);
         ShardStats::add(&s.resync_tombstoned, tombstone.count_ones() as u64);

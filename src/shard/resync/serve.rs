@@ -110,11 +110,13 @@ impl Shard {
         let mut tags = [("", 0u32); TAGS_MAX];
         let tag_count = store.tag_pairs(t, &mut tags);
         let sites = self.base.resolved.sites.names(t.sites);
-        let callback = (t.uri(), t.opaque());
+        let callback = (t.uri(), t.opaque(), t.ext());
         let tags = &tags[..tag_count];
         let mut body = body_of(&t.head(), callback, tags, &new, &sites, cluster.view_id);
         let start_unix_ms = clock::unix_ms() as i64 + body.start_time_delta_ms;
         body.start_time_unix_ms = Some(start_unix_ms.max(0) as u64);
+        // A pop being retried: its new replicas watch it.
+        body.attempt = self.attempt_of(unique, t.version);
         let id = TimerId {
             unique,
             bloom: cluster.bloom_of(&replicas[..n]),
@@ -144,7 +146,7 @@ impl Shard {
             .filter(|p| *p != self.base.id)
             .map(|peer| {
                 let me = self.clone();
-                glommio::spawn_local(async move {
+                crate::runtime::spawn::spawn_local(async move {
                     let part = me
                         .base
                         .mesh

@@ -14,6 +14,10 @@ pub const AT_MAX: usize = 64;
 const EXPECTED: &str = "an RFC 3339 instant such as 2026-12-01T09:00:00+01:00 or \
                         2026-12-01T08:00:00.250Z";
 
+/// The last instant jiff's `Timestamp` holds (a later one of year 9999
+/// is well formed, and refused as such).
+const LAST: &str = "9999-12-30T22:00:00Z";
+
 /// Parses an RFC 3339 instant (`2026-12-01T09:00:00+01:00`, `...Z`, with
 /// up to 9 fractional digits) to Unix ms, or says what is wrong. A
 /// fraction finer than a millisecond rounds up, so a timer set for it never
@@ -26,9 +30,15 @@ pub fn parse_at(text: &str) -> Result<i64, String> {
         ));
     }
     check_shape(text.as_bytes()).map_err(|what| format!("expected {EXPECTED}: {what}"))?;
-    let at: Timestamp = text
-        .parse()
-        .map_err(|e: jiff::Error| format!("expected {EXPECTED}: {e}"))?;
+    let at: Timestamp = text.parse().map_err(|e: jiff::Error| {
+        let e = e.to_string();
+        let last_days = text.starts_with("9999-12-30") || text.starts_with("9999-12-31");
+        match last_days && e.contains("range") {
+            // A well-formed instant past the library's last one.
+            true => format!("{text} is after {LAST}, the last instant taken"),
+            false => format!("expected {EXPECTED}: {e}"),
+        }
+    })?;
     let ms = at.as_nanosecond().div_euclid(1_000_000)
         + i128::from(at.as_nanosecond().rem_euclid(1_000_000) != 0);
     i64::try_from(ms).map_err(|_| format!("expected {EXPECTED}: out of range"))
@@ -100,6 +110,19 @@ mod tests {
         assert_eq!(parse_at("2016-12-31T23:59:60Z"), Ok(1_483_228_799_000));
         assert_eq!(parse_at("2026-12-01T08:00:00-00:00"), Ok(nine_paris));
         assert_eq!(parse_at("1969-12-31T23:59:59.9995Z"), Ok(0));
+    }
+
+    #[test]
+    fn the_last_instant_is_named_past_it() {
+        assert_eq!(parse_at(LAST), Ok(253_402_207_200_000));
+        for text in ["9999-12-30T22:00:01Z", "9999-12-31T23:59:59Z"] {
+            let error = parse_at(text).expect_err(text);
+            assert!(error.contains("is after 9999-12-30T22:00:00Z"), "{error}");
+        }
+        for text in ["9999-02-30T00:00:00Z", "9999-12-32T00:00:00Z"] {
+            let error = parse_at(text).expect_err("no such day");
+            assert!(error.contains("RFC 3339"), "{error}");
+        }
     }
 
     #[test]

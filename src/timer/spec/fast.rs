@@ -53,13 +53,21 @@ pub(super) fn read_prefix<'a>(text: &'a [u8], raw: &mut RawTimer<'a>) -> Option<
 
 impl<'a> Cursor<'a> {
     fn timer(&mut self, raw: &mut RawTimer<'a>) -> Option<()> {
-        let keys: &[&[u8]; 4] = &[b"timing", b"callback", b"reliability", b"statistics"];
+        let keys: &[&[u8]; 5] = &[
+            b"timing",
+            b"callback",
+            b"reliability",
+            b"statistics",
+            b"delivery-state",
+        ];
         self.object(keys, |c, key| {
             match key {
                 0 => raw.timing = c.opt(Self::timing)?,
                 1 => raw.callback = c.opt(Self::callback)?,
                 2 => raw.reliability = c.opt(Self::reliability)?,
                 3 => raw.statistics = c.opt(Self::statistics)?,
+                // Internal and rare (a replica's attempts): serde's.
+                4 => return None,
                 _ => c.skip(SKIP_DEPTH_MAX)?,
             }
             Some(())
@@ -69,12 +77,18 @@ impl<'a> Cursor<'a> {
     fn timing(&mut self) -> Option<RawTiming> {
         let (mut interval, mut repeat_for) = (None, None);
         let (mut start_time_delta, mut sequence_number, mut version) = (None, None, None);
-        let keys: &[&[u8]; 5] = &[
+        let keys: &[&[u8]; 11] = &[
             b"interval",
             b"repeat-for",
             b"start-time-delta",
             b"sequence-number",
             b"version",
+            b"at",
+            b"start-at",
+            b"cron",
+            b"time-zone",
+            b"start-unix-ms",
+            b"cron-cursor-ms",
         ];
         self.object(keys, |c, key| {
             match key {
@@ -83,6 +97,8 @@ impl<'a> Cursor<'a> {
                 2 => start_time_delta = c.opt_integer()?,
                 3 => sequence_number = c.opt_integer()?,
                 4 => version = c.opt_integer()?,
+                // Wall-clock and calendar timing (issue 42): rare, serde's.
+                5..=10 => return None,
                 _ => c.skip(SKIP_DEPTH_MAX)?,
             }
             Some(())
@@ -93,6 +109,12 @@ impl<'a> Cursor<'a> {
             start_time_delta,
             sequence_number,
             version,
+            at: None,
+            start_at: None,
+            cron: None,
+            time_zone: None,
+            start_unix_ms: None,
+            cron_cursor_ms: None,
         })
     }
 
@@ -106,7 +128,12 @@ impl<'a> Cursor<'a> {
             http = Some(c.http()?);
             Some(())
         })?;
-        Some(RawCallback { http, other: None })
+        Some(RawCallback {
+            http,
+            other: None,
+            retry: None,
+            dead_letter: None,
+        })
     }
 
     fn http(&mut self) -> Option<RawHttp<'a>> {
