@@ -92,29 +92,32 @@ fn a_delete_answered_just_before_a_kill_reaches_the_other_replicas() {
 /// this node left to the next replica (it was too late to start it) is
 /// logged here as done; re-sent after a restart under the plain conflict
 /// rules it won by its sequence, and no replica popped the timer (the
-/// fault soak lost timers so). Node 1 is down while 30 timers fall due
-/// and starts again once they are over `callback-wait-ms` late, so its
-/// pops are left to the next replica; then it is killed and started
-/// again: every timer must still pop. The 8 s skew gives node 1's first
-/// restart room on a loaded machine before the next replica's turn
-/// (due + 8 s).
+/// fault soak lost timers so). Node 1 is down while 30 timers are made
+/// and fall due, and starts again once they are over `callback-wait-ms`
+/// late (it gets them from its peers), so its pops are left to the next
+/// replica; then it is killed and started again: every timer must still
+/// pop. Node 1 is down before the first create, so its pops are late
+/// however long the creates take on a loaded machine (with node 1 up
+/// while they were made, slow creates let it pop the first timers on
+/// time and the last ones fell due before its kill: none was left). The
+/// 8 s skew gives node 1's first restart room before the next replica's
+/// turn (due + 8 s).
 #[test]
 fn a_pop_left_to_the_next_replica_is_not_re_sent_as_done() {
     let (_stores, port, configs) = durable_three("left", 3, "replica-skew-ms = 8000\n");
     let sink = Sink::start(Behaviour::Ok);
     let mut nodes = start_three(port, &configs);
-    let created = Instant::now();
+    nodes[0].kill9();
+    // Due 2 s after each create; `callback-wait-ms` is 250 ms.
     create_each(&nodes[1], &sink, "left", 30, "2");
-    nodes[1].wait_replication_settled(Duration::from_secs(10));
-    let restart = |node: &mut Node, at: Instant| {
-        node.kill9();
+    let made = Instant::now();
+    let start = |node: &mut Node, at: Instant| {
         sleep_until(at);
         *node = Node::spawn_in(None, "127.0.0.1", port, &configs[0], &[]);
         node.wait_ready();
         node.wait_ready_200(READY_WITHIN);
     };
-    // Due at 2 s; `callback-wait-ms` is 250 ms.
-    restart(&mut nodes[0], created + Duration::from_millis(3000));
+    start(&mut nodes[0], made + Duration::from_millis(3000));
     wait_until(
         "node 1 to leave a late pop to the next replica",
         Duration::from_secs(15),
@@ -123,7 +126,8 @@ fn a_pop_left_to_the_next_replica_is_not_re_sent_as_done() {
             n => Err(format!("{n} pops left")),
         },
     );
-    restart(&mut nodes[0], Instant::now());
+    nodes[0].kill9();
+    start(&mut nodes[0], Instant::now());
     let ledger = Ledger {
         live: (0..30).map(|i| format!("/left/{i}")).collect(),
         ..Ledger::default()
