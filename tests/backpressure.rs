@@ -278,9 +278,10 @@ fn pipelined_posts_let_a_ping_on_the_same_shard_through() {
     assert!(took.len() >= 20, "only {} pings answered", took.len());
     // Before the breath, a whole buffer (~1 s of POSTs in a debug build)
     // ran in one go: p99 0.4-0.7 s. With it: 6-13 ms, and up to 85 ms
-    // while two compilers shared this 2-core VM.
+    // while two compilers shared this 2-core VM. The bound keeps room for
+    // a loaded CI machine and stays below the unfixed figures.
     assert!(
-        pct(99) < Duration::from_millis(200),
+        pct(99) < Duration::from_millis(300),
         "p99 ping latency {:?} during pipelined POSTs",
         pct(99)
     );

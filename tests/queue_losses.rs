@@ -357,7 +357,9 @@ fn a_takeover_never_deletes_a_newer_message_with_the_same_id() {
         &p,
         &s.input,
         0,
-        &[input("x", b"x-1", &iso(now_ms() + 4_000))],
+        // B claims at 5 s: 5 s for A to consume and store it on a loaded
+        // machine, before A's own claim could come first (6.9 s).
+        &[input("x", b"x-1", &iso(now_ms() + 7_000))],
     );
     let by = wait_until("message 1 claimed", Duration::from_secs(10), || {
         claimed_by(&s.table, "x").ok_or_else(|| "not claimed".to_string())
@@ -413,7 +415,9 @@ fn a_killed_node_s_claimed_rows_are_published_by_another_within_a_second() {
     victim.wait_ready_200(Duration::from_secs(20));
     let p = producer(&s.broker.brokers());
     let reader = warm_reader(&s, &p);
-    let due_ms = now_ms() + 4_000;
+    // Claimed 2 s ahead: 6 s for the rows to be consumed and stored on a
+    // loaded machine before the claim is due.
+    let due_ms = now_ms() + 8_000;
     let keys: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
     produce_to(&p, &s.input, 0, &inputs_due(&keys, &iso(due_ms)));
     let claimed = format!(
@@ -482,13 +486,16 @@ fn reused_id_while_claimed_then_holder_stops(name: &str, stop: impl FnOnce(&mut 
     let _turn = turn();
     let s = setup(name, 1);
     let survivor = s.node("");
-    let mut victim = s.claimer("look-ahead-ms = 3000");
+    // The longest look-ahead the default hold time allows (with the 100 ms
+    // poll, below 5 s): V claims message 1 at about 2.5 s, and message 2
+    // has 4 s from there to be consumed before V must be stopped.
+    let mut victim = s.claimer("look-ahead-ms = 4500");
     let victim_id = queue_node_id(&victim);
     survivor.wait_ready_200(Duration::from_secs(20));
     victim.wait_ready_200(Duration::from_secs(20));
     let p = producer(&s.broker.brokers());
     let reader = warm_reader(&s, &p);
-    let due1 = now_ms() + 4_000;
+    let due1 = now_ms() + 7_000;
     produce_to(&p, &s.input, 0, &[input("x", b"x-1", &iso(due1))]);
     let by = wait_until("message 1 claimed", Duration::from_secs(10), || {
         claimed_by(&s.table, "x").ok_or_else(|| "not claimed".to_string())

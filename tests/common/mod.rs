@@ -33,13 +33,25 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// A port nobody is listening on right now.
+/// A loopback port free when checked, below the kernel's ephemeral range
+/// (32768 and up by default): every outbound connection of the tests and
+/// their nodes takes its source port from that range, so a port freed
+/// there could be taken by one before the process meant to bind it does.
+/// Unique within this test process (test binaries run one at a time).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    const FIRST: usize = 10_000;
+    const SPAN: usize = 22_000;
+    let start = std::process::id() as usize * 7_919;
+    loop {
+        // 7,919 is prime, so the walk visits every port of the span.
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < SPAN, "no free port left below the ephemeral range");
+        let port = (FIRST + (start + n * 7_919) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A running chronos process; killed when dropped.
