@@ -101,7 +101,8 @@ fn a_delete_answered_just_before_a_kill_reaches_the_other_replicas() {
 /// while they were made, slow creates let it pop the first timers on
 /// time and the last ones fell due before its kill: none was left). The
 /// 8 s skew gives node 1's first restart room before the next replica's
-/// turn (due + 8 s).
+/// turn (due + 8 s) for the timers made in the last seconds of the
+/// creates, which is all it needs (one pop left).
 #[test]
 fn a_pop_left_to_the_next_replica_is_not_re_sent_as_done() {
     let (_stores, port, configs) = durable_three("left", 3, "replica-skew-ms = 8000\n");

@@ -697,7 +697,8 @@ fn tombstone_during_pop_1(in_flight: bool) {
     let pops = sink.wait_for(1, Duration::from_secs(15));
     assert_eq!(pops.len(), 1);
     if !in_flight {
-        std::thread::sleep(Duration::from_millis(3500));
+        // Pop 1's callback ended at 9 s; pop 2 is due at 12 s.
+        std::thread::sleep(Duration::from_millis(4500));
     }
     let e = entry(primary, 1 - primary);
     assert_eq!(

@@ -42,7 +42,9 @@ pub fn free_port() -> u16 {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     const FIRST: usize = 10_000;
     const SPAN: usize = 22_000;
-    let start = std::process::id() as usize * 7_919;
+    // A start unrelated to the stride: processes with near pids (two test
+    // runs at once) walk far apart, not one step behind each other.
+    let start = (std::process::id() as usize).wrapping_mul(2_654_435_761) % SPAN;
     loop {
         // 7,919 is prime, so the walk visits every port of the span.
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
