@@ -47,6 +47,8 @@ pub struct Broker {
 /// reached through the old one only once its topics exist again.
 struct Forward {
     stop: Arc<AtomicBool>,
+    /// The accepting thread: joined on drop, so the port is free after.
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Forward {
@@ -56,7 +58,7 @@ impl Forward {
         listener.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
-        std::thread::spawn(move || {
+        let thread = std::thread::spawn(move || {
             while !st.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((client, _)) => join_to(client, to),
@@ -64,7 +66,10 @@ impl Forward {
                 }
             }
         });
-        Forward { stop }
+        Forward {
+            stop,
+            thread: Some(thread),
+        }
     }
 }
 
@@ -75,6 +80,9 @@ fn join_to(client: std::net::TcpStream, to: u16) {
     let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
         return;
     };
+    // As the clients' own sockets: no Nagle delay added in between.
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
     for (mut from, mut into) in [
         (client.try_clone().unwrap(), server.try_clone().unwrap()),
         (server, client),
@@ -89,6 +97,9 @@ fn join_to(client: std::net::TcpStream, to: u16) {
 impl Drop for Forward {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -480,9 +491,10 @@ impl Setup {
         ))
     }
 
-    /// Replace the broker with a new one on the same port (memory storage:
-    /// the topics are created again). The new one listens on a port of its
-    /// own and is reached through the old one only once the topics exist:
+    /// Replace the broker with a new one reached on the same port (memory
+    /// storage: the topics are created again). The new one listens on a
+    /// port of its own, advertising the old one, and is reached through the
+    /// old one ([`Forward`]) only once the topics exist:
     /// a node's producer that reconnected in between had its publishes
     /// acknowledged, and the topic the test then made was empty (CI: 40 of
     /// 40 messages never reached the reader, all rows deleted).
