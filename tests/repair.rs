@@ -276,13 +276,7 @@ fn review_a_503_while_recovering_gives_up_what_a_down_replica_was_owed() {
         a.metric("chronos_replication_failed_total"),
         a.metric("chronos_replication_repaired_total")
     );
-    for line in a
-        .log_text()
-        .lines()
-        .filter(|l| l.contains("given up") || l.contains("repair"))
-    {
-        eprintln!("A| {line}");
-    }
+    echo_log("A", &a, &["given up", "repair"]);
     let pops: Vec<String> = sink
         .pops()
         .into_iter()
@@ -376,16 +370,8 @@ fn review_the_handoff_settles_while_a_repair_is_still_sending() {
     let b = start_member(2, port, &config_b);
     b.wait_ready_200(Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(6));
-    for line in a.log_text().lines().filter(|l| l.contains("repair")) {
-        eprintln!("A| {line}");
-    }
-    for line in b
-        .log_text()
-        .lines()
-        .filter(|l| l.contains("caught up") || l.contains("owed"))
-    {
-        eprintln!("B| {line}");
-    }
+    echo_log("A", &a, &["repair"]);
+    echo_log("B", &b, &["caught up", "owed"]);
     let repaired = a.metric("chronos_replication_repaired_total");
     eprintln!("A repaired {repaired}");
     // The premise: A's queue to B overflowed and a repair ran.
@@ -434,13 +420,7 @@ fn review_the_handoff_wait_exceeds_its_15_s_bound() {
     for n in &others {
         n.signal(libc::SIGCONT);
     }
-    for line in b
-        .log_text()
-        .lines()
-        .filter(|l| l.contains("hand-off") || l.contains("caught up") || l.contains("owed"))
-    {
-        eprintln!("B| {line}");
-    }
+    echo_log("B", &b, &["hand-off", "caught up", "owed"]);
     assert!(waited < Duration::from_secs(17), "ready after {waited:?}");
 }
 
@@ -562,13 +542,7 @@ fn review_a_reload_during_a_repair_ends_it_under_the_new_order() {
         "A: tombstones {left}, expired {}",
         a.metric("chronos_tombstones_expired_total")
     );
-    for line in a
-        .log_text()
-        .lines()
-        .filter(|l| l.contains("repair") || l.contains("reloaded"))
-    {
-        eprintln!("A| {line}");
-    }
+    echo_log("A", &a, &["repair", "reloaded"]);
     assert_eq!(left, 0.0, "A still holds tombstones 45 s after the deletes");
     drop(b);
 }
@@ -711,9 +685,7 @@ fn review_a_repair_in_back_off_is_hastened_by_the_peers_handoff() {
     let sink = Sink::start(Behaviour::Ok);
     delete_twenty_while_b_is_down(&a, &mut b, &sink);
     let _b = back_with_no_pops(&a, port, &config_b, &sink, 6);
-    for line in a.log_text().lines().filter(|l| l.contains("repair")) {
-        eprintln!("A| {line}");
-    }
+    echo_log("A", &a, &["repair"]);
 }
 
 /// B is down; deletes through A are dropped at A's full queue to B (a
@@ -901,13 +873,7 @@ fn back_with_no_pops(a: &Node, port: u16, config_b: &str, sink: &Sink, quiet_s: 
     let pops: Vec<String> = sink.pops().into_iter().map(|p| p.path).collect();
     if !pops.is_empty() {
         for (name, node) in [("A", a), ("B", &b)] {
-            for line in node
-                .log_text()
-                .lines()
-                .filter(|l| l.contains("replication"))
-            {
-                eprintln!("{name}| {line}");
-            }
+            echo_log(name, node, &["replication"]);
         }
     }
     assert!(
@@ -916,4 +882,13 @@ fn back_with_no_pops(a: &Node, port: u16, config_b: &str, sink: &Sink, quiet_s: 
         pops.len()
     );
     b
+}
+
+/// Print `node`'s log lines that contain any of `words`, each after
+/// `name` (what a failure needs to be read).
+fn echo_log(name: &str, node: &Node, words: &[&str]) {
+    let log = node.log_text();
+    for line in log.lines().filter(|l| words.iter().any(|w| l.contains(w))) {
+        eprintln!("{name}| {line}");
+    }
 }

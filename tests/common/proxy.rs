@@ -20,18 +20,25 @@ pub fn start(upstream: SocketAddr, requests: Arc<Pump>, replies: Arc<Pump>) -> u
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for client in listener.incoming().flatten() {
-            let Ok(server) = TcpStream::connect(upstream) else {
-                continue;
-            };
-            let _ = client.set_nodelay(true);
-            let _ = server.set_nodelay(true);
-            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-            let (requests, replies) = (requests.clone(), replies.clone());
-            std::thread::spawn(move || requests(client, server));
-            std::thread::spawn(move || replies(s2, c2));
+            join(client, upstream, &requests, &replies);
         }
     });
     port
+}
+
+/// Join `client` (accepted) to a new connection to `upstream`:
+/// `requests(client, server)` and `replies(server, client)` on their own
+/// threads. A connection upstream refuses is dropped.
+pub fn join(client: TcpStream, upstream: SocketAddr, requests: &Arc<Pump>, replies: &Arc<Pump>) {
+    let Ok(server) = TcpStream::connect(upstream) else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let (requests, replies) = (requests.clone(), replies.clone());
+    std::thread::spawn(move || requests(client, server));
+    std::thread::spawn(move || replies(s2, c2));
 }
 
 /// Copy `from` to `to` as it comes, to the end of either; then shut both.

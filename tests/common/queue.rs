@@ -2,6 +2,7 @@
 //! loopback port, topics of our own, a producer, and an output consumer that
 //! records every message with its arrival time.
 
+use super::proxy;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
@@ -59,9 +60,15 @@ impl Forward {
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let thread = std::thread::spawn(move || {
+            let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], to));
+            let pass: Arc<proxy::Pump> = Arc::new(proxy::pass_as_is);
             while !st.load(Ordering::Relaxed) {
                 match listener.accept() {
-                    Ok((client, _)) => join_to(client, to),
+                    Ok((client, _)) => {
+                        // Accepted sockets do not inherit the listener's
+                        // non-blocking mode on Linux.
+                        proxy::join(client, upstream, &pass, &pass);
+                    }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
             }
@@ -70,27 +77,6 @@ impl Forward {
             stop,
             thread: Some(thread),
         }
-    }
-}
-
-/// Copy both ways between `client` and a new connection to `to`, each
-/// way on a thread of its own until its side closes.
-fn join_to(client: std::net::TcpStream, to: u16) {
-    let _ = client.set_nonblocking(false);
-    let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
-        return;
-    };
-    // As the clients' own sockets: no Nagle delay added in between.
-    let _ = client.set_nodelay(true);
-    let _ = server.set_nodelay(true);
-    for (mut from, mut into) in [
-        (client.try_clone().unwrap(), server.try_clone().unwrap()),
-        (server, client),
-    ] {
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut from, &mut into);
-            let _ = into.shutdown(std::net::Shutdown::Both);
-        });
     }
 }
 
